@@ -1,0 +1,154 @@
+//! Counting PostgreSQL messages in a forwarded byte stream.
+//!
+//! The proxy is the ground truth that tests hold the pool's own figures
+//! against, so it parses the stream itself rather than sharing the pool's
+//! parser. It reads frame headers only (a type byte and a length), never a
+//! payload.
+
+/// Walks message boundaries in one direction and counts two message types.
+#[derive(Debug)]
+pub(crate) struct MessageCounter {
+    /// The message type to count: `S` (Sync) upstream, `Z` (ReadyForQuery)
+    /// downstream.
+    kind: u8,
+    /// A second type to count: `P` (Parse) upstream.
+    second: Option<u8>,
+    /// Upstream starts with an untyped start-up packet.
+    startup: bool,
+    header: [u8; 8],
+    header_len: usize,
+    body_left: u64,
+    current: u8,
+    /// After something unparseable (TLS): count nothing more.
+    lost: bool,
+    /// Messages of the second type seen so far.
+    seconds: u64,
+}
+
+const SSL_REQUEST: u32 = 80_877_103;
+const GSSENC_REQUEST: u32 = 80_877_104;
+
+impl MessageCounter {
+    /// Counts Sync messages from a client.
+    pub(crate) fn upstream() -> MessageCounter {
+        MessageCounter::new(b'S', Some(b'P'), true)
+    }
+
+    /// Counts ReadyForQuery messages from a server.
+    pub(crate) fn downstream() -> MessageCounter {
+        MessageCounter::new(b'Z', None, false)
+    }
+
+    fn new(kind: u8, second: Option<u8>, startup: bool) -> MessageCounter {
+        MessageCounter {
+            kind,
+            second,
+            seconds: 0,
+            startup,
+            header: [0; 8],
+            header_len: 0,
+            body_left: 0,
+            current: 0,
+            lost: false,
+        }
+    }
+
+    /// Messages of the second type (Parse upstream) seen so far.
+    pub(crate) fn seconds(&self) -> u64 {
+        self.seconds
+    }
+
+    /// Feeds a chunk; returns how many counted messages ended in it.
+    pub(crate) fn feed(&mut self, mut bytes: &[u8]) -> u64 {
+        let mut counted = 0;
+        while !bytes.is_empty() && !self.lost {
+            if self.body_left > 0 {
+                let take = self.body_left.min(bytes.len() as u64);
+                self.body_left -= take;
+                bytes = &bytes[take as usize..];
+                if self.body_left == 0 && self.current == self.kind {
+                    counted += 1;
+                }
+                continue;
+            }
+            let size = if self.startup { 8 } else { 5 };
+            let take = (size - self.header_len).min(bytes.len());
+            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
+            self.header_len += take;
+            bytes = &bytes[take..];
+            if self.header_len < size {
+                continue;
+            }
+            self.header_len = 0;
+            if self.startup {
+                let len = u32::from_be_bytes([
+                    self.header[0],
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                ]);
+                let code = u32::from_be_bytes([
+                    self.header[4],
+                    self.header[5],
+                    self.header[6],
+                    self.header[7],
+                ]);
+                if len < 8 || code == SSL_REQUEST || code == GSSENC_REQUEST {
+                    self.lost = true;
+                    continue;
+                }
+                self.startup = false;
+                self.current = 0;
+                self.body_left = u64::from(len - 8);
+            } else {
+                let len = i32::from_be_bytes([
+                    self.header[1],
+                    self.header[2],
+                    self.header[3],
+                    self.header[4],
+                ]);
+                if len < 4 {
+                    self.lost = true;
+                    continue;
+                }
+                self.current = self.header[0];
+                if Some(self.current) == self.second {
+                    self.seconds += 1;
+                }
+                self.body_left = (len - 4) as u64;
+                if self.body_left == 0 && self.current == self.kind {
+                    counted += 1;
+                }
+            }
+        }
+        counted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_syncs_after_startup_in_any_split() {
+        let mut bytes = vec![0, 0, 0, 9, 0, 3, 0, 0, 7];
+        bytes.extend_from_slice(&[b'P', 0, 0, 0, 6, 1, 2]);
+        bytes.extend_from_slice(&[b'S', 0, 0, 0, 4, b'S', 0, 0, 0, 4]);
+        for split in 0..bytes.len() {
+            let mut counter = MessageCounter::upstream();
+            let n = counter.feed(&bytes[..split]) + counter.feed(&bytes[split..]);
+            assert_eq!(n, 2, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn counts_ready_for_query_downstream() {
+        let bytes = [
+            b'Z', 0, 0, 0, 5, b'I', b'D', 0, 0, 0, 4, b'Z', 0, 0, 0, 5, b'T',
+        ];
+        let mut counter = MessageCounter::downstream();
+        let byte_by_byte: u64 = bytes.iter().map(|b| counter.feed(&[*b])).sum();
+        assert_eq!(byte_by_byte, 2);
+        assert_eq!(MessageCounter::downstream().feed(&bytes), 2);
+    }
+}

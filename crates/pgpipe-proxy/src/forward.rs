@@ -1,0 +1,253 @@
+//! The proxy's event loop: accepting, and forwarding each connection in
+//! both directions with a delay, counting and faults.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use socket2::SockRef;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+use crate::count::MessageCounter;
+use crate::timer::PreciseTimer;
+use crate::{DirectionCounters, Stats};
+
+/// Settings and counters shared between the [`Proxy`](crate::Proxy) handle
+/// and its thread.
+#[derive(Debug)]
+pub(crate) struct Control {
+    delay_nanos: AtomicU64,
+    stalled: AtomicBool,
+    resumed: Notify,
+    cuts: watch::Sender<u64>,
+    /// Downstream bytes left before a reset; `u64::MAX` when off.
+    reset_budget: AtomicU64,
+    upstream: DirectionCounters,
+    downstream: DirectionCounters,
+    connections: AtomicU64,
+    pub(crate) realtime: AtomicBool,
+    pub(crate) thread_id: AtomicU64,
+}
+
+impl Control {
+    pub(crate) fn new(delay: Duration) -> Control {
+        Control {
+            delay_nanos: AtomicU64::new(delay.as_nanos() as u64),
+            stalled: AtomicBool::new(false),
+            resumed: Notify::new(),
+            cuts: watch::Sender::new(0),
+            reset_budget: AtomicU64::new(u64::MAX),
+            upstream: DirectionCounters::default(),
+            downstream: DirectionCounters::default(),
+            connections: AtomicU64::new(0),
+            realtime: AtomicBool::new(false),
+            thread_id: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn started_on_this_thread(&self, realtime: bool) {
+        self.thread_id
+            .store(crate::current_thread_id(), Ordering::Release);
+        let got = realtime && crate::go_realtime();
+        self.realtime.store(got, Ordering::Release);
+    }
+
+    pub(crate) fn set_delay(&self, delay: Duration) {
+        self.delay_nanos
+            .store(delay.as_nanos() as u64, Ordering::Release);
+    }
+
+    pub(crate) fn delay(&self) -> Duration {
+        Duration::from_nanos(self.delay_nanos.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn stall(&self, on: bool) {
+        self.stalled.store(on, Ordering::Release);
+        if !on {
+            self.resumed.notify_waiters();
+        }
+    }
+
+    pub(crate) fn cut(&self) {
+        self.cuts.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn reset_after(&self, bytes: Option<u64>) {
+        self.reset_budget
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        Stats {
+            upstream: self.upstream.snapshot(),
+            downstream: self.downstream.snapshot(),
+            connections: self.connections.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn while_stalled(&self) {
+        while self.stalled.load(Ordering::Acquire) {
+            let resumed = self.resumed.notified();
+            tokio::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.stalled.load(Ordering::Acquire) {
+                return;
+            }
+            resumed.await;
+        }
+    }
+
+    /// Takes `len` bytes from the reset budget; returns how many may still be
+    /// written before the reset, if one is due within them.
+    fn spend(&self, len: usize) -> Option<usize> {
+        let len = len as u64;
+        let mut budget = self.reset_budget.load(Ordering::Acquire);
+        loop {
+            if budget == u64::MAX {
+                return None;
+            }
+            let left = budget.saturating_sub(len);
+            match self.reset_budget.compare_exchange(
+                budget,
+                left,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) if budget <= len => {
+                    self.reset_budget.store(u64::MAX, Ordering::Release);
+                    return Some(budget as usize);
+                }
+                Ok(_) => return None,
+                Err(actual) => budget = actual,
+            }
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` fires.
+pub(crate) async fn serve(
+    listener: std::net::TcpListener,
+    upstream: SocketAddr,
+    control: Arc<Control>,
+    mut shutdown: oneshot::Receiver<()>,
+) {
+    let Ok(listener) = TcpListener::from_std(listener) else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                if let Ok((client, _)) = accepted {
+                    control.connections.fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(connection(client, upstream, Arc::clone(&control)));
+                }
+            }
+            _ = &mut shutdown => return,
+        }
+    }
+}
+
+/// Which way bytes flow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Upstream,
+    Downstream,
+}
+
+async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Control>) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return; // dropping the client closes it, as a refused connection would
+    };
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let mut cuts = control.cuts.subscribe();
+    cuts.mark_unchanged();
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    let reset = Notify::new();
+    let up = pipe(
+        client_read,
+        server_write,
+        Direction::Upstream,
+        &control,
+        &reset,
+    );
+    let down = pipe(
+        server_read,
+        client_write,
+        Direction::Downstream,
+        &control,
+        &reset,
+    );
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = cuts.changed() => {}
+        _ = reset.notified() => {}
+    }
+    // Dropping the halves closes both sockets.
+}
+
+async fn pipe(
+    mut reader: OwnedReadHalf,
+    mut writer: OwnedWriteHalf,
+    direction: Direction,
+    control: &Control,
+    reset: &Notify,
+) {
+    let (chunks, mut queued) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let counters = match direction {
+        Direction::Upstream => &control.upstream,
+        Direction::Downstream => &control.downstream,
+    };
+    let read = async move {
+        let mut counter = match direction {
+            Direction::Upstream => MessageCounter::upstream(),
+            Direction::Downstream => MessageCounter::downstream(),
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            control.while_stalled().await;
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let stamp = Instant::now();
+            let parses_before = counter.seconds();
+            let messages = counter.feed(&buf[..n]);
+            counters.record(n, messages, counter.seconds() - parses_before);
+            if chunks.send((stamp, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    let write = async {
+        let Ok(timer) = PreciseTimer::new() else {
+            return;
+        };
+        while let Some((stamp, chunk)) = queued.recv().await {
+            if timer.sleep_until(stamp + control.delay()).await.is_err() {
+                return;
+            }
+            control.while_stalled().await;
+            let due = match direction {
+                Direction::Downstream => control.spend(chunk.len()),
+                Direction::Upstream => None,
+            };
+            if let Some(allowed) = due {
+                let _ = writer.write_all(&chunk[..allowed]).await;
+                let _ = SockRef::from(writer.as_ref()).set_linger(Some(Duration::ZERO));
+                reset.notify_waiters();
+                return;
+            }
+            if writer.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+        let _ = writer.shutdown().await;
+    };
+    tokio::join!(read, write);
+}

@@ -1,0 +1,365 @@
+//! Finds the PostgreSQL server for pgpipe's tests and benchmark, or starts
+//! one.
+//!
+//! [`database_url`] reads `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`). If nothing answers there
+//! and PostgreSQL's server binaries are installed, it starts a throwaway
+//! cluster in a temporary directory (as the `postgres` OS user when running
+//! as root, since the server refuses root) that stops when the process
+//! exits. Otherwise it fails with a message that says how to point
+//! `DATABASE_URL` at a server.
+//!
+//! Tests share the server with whatever else runs on it: they use
+//! [`unique`] names and never assume they are alone.
+
+use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{fs, io};
+
+use tokio_postgres::config::Host;
+
+/// The server tests use when `DATABASE_URL` is not set.
+pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// The URL of a PostgreSQL server that answers; see the crate docs.
+///
+/// # Panics
+///
+/// When no server answers and none can be started, with instructions.
+pub fn database_url() -> String {
+    static URL: OnceLock<String> = OnceLock::new();
+    URL.get_or_init(|| {
+        let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_string());
+        if answers(&url) {
+            return url;
+        }
+        let target = describe(&url);
+        match Cluster::start() {
+            Ok(cluster) => {
+                let url = cluster.url();
+                eprintln!("pgpipe-test-support: nothing answers at {target}; started a throwaway cluster at {url}");
+                // Lives until the process exits; its reaper stops it then.
+                std::mem::forget(cluster);
+                url
+            }
+            Err(e) => panic!(
+                "no PostgreSQL server answers at {target}, and a throwaway one could not be \
+                 started ({e}). Point the tests at a server with \
+                 DATABASE_URL=postgres://USER@HOST:PORT/DB, or install PostgreSQL's server \
+                 binaries (initdb, pg_ctl) so that one can be started."
+            ),
+        }
+    })
+    .clone()
+}
+
+/// `host:port` of a URL, without its user or password.
+fn describe(url: &str) -> String {
+    match url.parse::<tokio_postgres::Config>() {
+        Ok(config) => {
+            let host = match config.get_hosts().first() {
+                Some(Host::Tcp(host)) => host.clone(),
+                #[cfg(unix)]
+                Some(Host::Unix(path)) => path.display().to_string(),
+                None => "?".into(),
+            };
+            let port = config.get_ports().first().copied().unwrap_or(5432);
+            format!("{host}:{port}")
+        }
+        Err(_) => "an unparseable DATABASE_URL".into(),
+    }
+}
+
+/// Whether something accepts connections at the URL's first host.
+fn answers(url: &str) -> bool {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else {
+        return false;
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => (host.as_str(), port)
+            .to_socket_addrs()
+            .map(|mut addrs| {
+                addrs.any(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
+            })
+            .unwrap_or(false),
+        #[cfg(unix)]
+        Some(Host::Unix(dir)) => dir.join(format!(".s.PGSQL.{port}")).exists(),
+        None => false,
+    }
+}
+
+/// A name no other test (or test run) uses: `prefix_pid_counter`.
+pub fn unique(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{prefix}_{}_{n}_{nanos}", std::process::id())
+}
+
+/// [`database_url`] with `application_name` set, so a test can find its own
+/// backends in `pg_stat_activity`.
+pub fn url_with_app(application_name: &str) -> String {
+    with_param(&database_url(), "application_name", application_name)
+}
+
+/// Adds `key=value` to a URL's query string.
+pub fn with_param(url: &str, key: &str, value: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{key}={value}")
+}
+
+/// A plain tokio-postgres client on [`database_url`], for setting up and
+/// inspecting (never for the code under test).
+///
+/// # Panics
+///
+/// When it cannot connect.
+pub async fn admin() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&database_url(), tokio_postgres::NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// Backend process ids of the sessions with this `application_name`.
+///
+/// # Panics
+///
+/// When the query fails.
+pub async fn backend_pids(admin: &tokio_postgres::Client, application_name: &str) -> Vec<i32> {
+    admin
+        .query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1 ORDER BY pid",
+            &[&application_name],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+/// A PostgreSQL cluster of the test's own, in a temporary directory, on a
+/// free port, with trust authentication and durability off (it is thrown
+/// away). Stopped and removed when dropped, and by a reaper process if this
+/// process dies first.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+    bin: PathBuf,
+    port: u16,
+}
+
+impl Cluster {
+    /// Creates and starts a cluster.
+    ///
+    /// # Errors
+    ///
+    /// When the server binaries are missing or `initdb`/`pg_ctl` fail.
+    pub fn start() -> io::Result<Cluster> {
+        let bin = server_bin_dir()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "initdb/pg_ctl not found"))?;
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(unique("pgpipe-cluster"));
+        fs::create_dir_all(&dir)?;
+        hand_to_postgres_user(&dir)?;
+        let cluster = Cluster { dir, bin, port };
+        cluster.spawn_reaper()?;
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                &cluster.data(),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C",
+            ],
+        )?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Starts the server again after [`stop`](Cluster::stop).
+    ///
+    /// # Errors
+    ///
+    /// When `pg_ctl start` fails.
+    pub fn start_server(&self) -> io::Result<()> {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
+             -c full_page_writes=off -c max_connections=200",
+            self.port,
+            self.data()
+        );
+        let log = format!("{}/server.log", self.data());
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data(),
+                "-l",
+                &log,
+                "-w",
+                "-o",
+                &options,
+                "start",
+            ],
+        )
+    }
+
+    /// Stops the server (`mode`: `smart`, `fast` or `immediate`).
+    ///
+    /// # Errors
+    ///
+    /// When `pg_ctl stop` fails.
+    pub fn stop(&self, mode: &str) -> io::Result<()> {
+        self.run("pg_ctl", &["-D", &self.data(), "-w", "-m", mode, "stop"])
+    }
+
+    /// `pg_ctl restart -m fast`: every session is terminated.
+    ///
+    /// # Errors
+    ///
+    /// When `pg_ctl restart` fails.
+    pub fn restart(&self) -> io::Result<()> {
+        self.stop("fast")?;
+        self.start_server()
+    }
+
+    fn data(&self) -> String {
+        self.dir.join("data").display().to_string()
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> io::Result<()> {
+        let output = as_postgres_user(&self.bin.join(program), args)
+            .stdin(Stdio::null())
+            .output()?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "{program} failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    }
+
+    /// A detached shell that stops and removes the cluster once this process
+    /// has exited, however it exits.
+    fn spawn_reaper(&self) -> io::Result<()> {
+        let pg_ctl = self.bin.join("pg_ctl");
+        let stop = if is_root() {
+            format!(
+                "runuser -u postgres -- {} -D {} -m immediate stop",
+                pg_ctl.display(),
+                self.data()
+            )
+        } else {
+            format!("{} -D {} -m immediate stop", pg_ctl.display(), self.data())
+        };
+        let script = format!(
+            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {dir}",
+            pid = std::process::id(),
+            dir = self.dir.display(),
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(drop)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self.stop("immediate");
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+fn as_postgres_user(program: &Path, args: &[&str]) -> Command {
+    if is_root() {
+        let mut command = Command::new("runuser");
+        command
+            .args(["-u", "postgres", "--"])
+            .arg(program)
+            .args(args);
+        command
+    } else {
+        let mut command = Command::new(program);
+        command.args(args);
+        command
+    }
+}
+
+fn hand_to_postgres_user(dir: &Path) -> io::Result<()> {
+    if !is_root() {
+        return Ok(());
+    }
+    let status = Command::new("chown")
+        .args(["postgres:postgres"])
+        .arg(dir)
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(
+            "chown to postgres failed (is there a postgres user?)",
+        ))
+    }
+}
+
+/// The directory holding `initdb` and `pg_ctl`: `PG_BIN` if set, else the
+/// newest `/usr/lib/postgresql/*/bin`, else whatever `PATH` has.
+fn server_bin_dir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var("PG_BIN") {
+        return Some(PathBuf::from(dir));
+    }
+    let mut versions: Vec<PathBuf> = fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|bin| bin.join("initdb").exists())
+        .collect();
+    versions.sort_by_key(|p| {
+        p.parent()
+            .and_then(|v| v.file_name()?.to_str()?.parse::<u32>().ok())
+            .unwrap_or(0)
+    });
+    versions.pop()
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}

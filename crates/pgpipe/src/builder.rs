@@ -1,0 +1,215 @@
+//! [`PoolBuilder`]: the one way to make a [`Pool`].
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use tokio_postgres::config::SslMode;
+
+use crate::config::{PoolConfig, Routing};
+use crate::error::{Error, ErrorKind};
+use crate::pool::Pool;
+
+/// Builds a [`Pool`]; start with [`Pool::builder`].
+///
+/// ```
+/// # fn main() -> Result<(), pgpipe::Error> {
+/// let pool = pgpipe::Pool::builder()
+///     .url("postgres://postgres@127.0.0.1:5432/postgres")
+///     .max_size(4)
+///     .pipelining(true)
+///     .build()?; // does not connect yet
+/// # let _ = pool;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "builder does nothing itself, use `.build()` to build it"]
+#[derive(Debug, Default)]
+pub struct PoolBuilder {
+    server: Option<Result<tokio_postgres::Config, String>>,
+    config: PoolConfig,
+}
+
+impl PoolBuilder {
+    /// The server, as a `postgres://` URL or a libpq `key=value` string. A
+    /// string that does not parse is reported by [`build`](Self::build).
+    pub fn url(mut self, url: &str) -> Self {
+        self.server = Some(
+            tokio_postgres::Config::from_str(url)
+                .map_err(|e| format!("the connection string does not parse: {e}")),
+        );
+        self
+    }
+
+    /// The server, as a tokio-postgres config.
+    pub fn config(mut self, config: tokio_postgres::Config) -> Self {
+        self.server = Some(Ok(config));
+        self
+    }
+
+    /// All pool settings at once; see [`PoolConfig`] for the defaults.
+    pub fn pool_config(mut self, config: PoolConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Most connections, shared and exclusive together. Default: 4 × CPUs.
+    pub fn max_size(mut self, max_size: usize) -> Self {
+        self.config.max_size = max_size;
+        self
+    }
+
+    /// Share connections between tasks and pipeline their queries.
+    /// Default: `false` (one exclusive connection per query).
+    pub fn pipelining(mut self, on: bool) -> Self {
+        self.config.pipelining = on;
+        self
+    }
+
+    /// Most queries in flight on one shared connection. Default: 128.
+    pub fn max_pipeline_depth(mut self, depth: usize) -> Self {
+        self.config.max_pipeline_depth = depth;
+        self
+    }
+
+    /// How queries are spread over shared connections. Default:
+    /// [`Routing::Spread`].
+    pub fn routing(mut self, routing: Routing) -> Self {
+        self.config.routing = routing;
+        self
+    }
+
+    /// How long to hold queries for a busy connection so they are written
+    /// together. Default: zero. See [`PoolConfig::batch_window`].
+    pub fn batch_window(mut self, window: Duration) -> Self {
+        self.config.batch_window = window;
+        self
+    }
+
+    /// Most queries released together from one batch window. Default: 64.
+    pub fn max_batch(mut self, queries: usize) -> Self {
+        self.config.max_batch = queries;
+        self
+    }
+
+    /// Most tasks waiting for room at once. Default: 4096.
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.config.queue_capacity = capacity;
+        self
+    }
+
+    /// Longest wait for room or a connection. Default: 30 s. Zero fails at
+    /// once when nothing is free.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.config.wait_timeout = timeout;
+        self
+    }
+
+    /// Longest time to open a connection, unless the connection config sets
+    /// `connect_timeout`. Default: 10 s.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.config.connect_timeout = timeout;
+        self
+    }
+
+    /// Most prepared statements cached per connection. Default: 256.
+    pub fn statement_cache_capacity(mut self, capacity: usize) -> Self {
+        self.config.statement_cache_capacity = capacity;
+        self
+    }
+
+    /// Most connections checked out with [`Pool::get`] at once. Default:
+    /// `max_size - 1` with pipelining (at least 1), else `max_size`.
+    pub fn max_exclusive(mut self, max: usize) -> Self {
+        self.config.max_exclusive = Some(max);
+        self
+    }
+
+    /// Checks the settings and makes the pool. Connects lazily: no
+    /// connection is opened until the first query or [`Pool::get`].
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`] when no server was given, the connection
+    /// string does not parse, or the settings do not fit together (see
+    /// [`PoolConfig`]).
+    pub fn build(self) -> Result<Pool, Error> {
+        let mut server = match self.server {
+            None => return Err(Error::config("no server given: call .url() or .config()")),
+            Some(Err(message)) => return Err(Error::new(ErrorKind::Config, message)),
+            Some(Ok(server)) => server,
+        };
+        if server.get_hosts().is_empty() && server.get_hostaddrs().is_empty() {
+            return Err(Error::config("the connection config names no host"));
+        }
+        if server.get_ssl_mode() == SslMode::Require {
+            return Err(Error::config(
+                "sslmode=require needs TLS, which this pool does not support yet",
+            ));
+        }
+        self.config.validate().map_err(Error::config)?;
+        if server.get_connect_timeout().is_none() {
+            server.connect_timeout(self.config.connect_timeout);
+        }
+        Ok(Pool::new(server, self.config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(builder: PoolBuilder) -> Result<Pool, Error> {
+        builder.url("postgres://u:sentinel-pw@127.0.0.1/db").build()
+    }
+
+    #[test]
+    fn invalid_settings_are_build_errors() {
+        let cases: Vec<PoolBuilder> = vec![
+            Pool::builder().max_size(0),
+            Pool::builder().max_pipeline_depth(0),
+            Pool::builder().max_batch(0),
+            Pool::builder().statement_cache_capacity(0),
+            Pool::builder().batch_window(Duration::from_millis(1)),
+            Pool::builder()
+                .pipelining(true)
+                .batch_window(Duration::from_secs(2)),
+            Pool::builder().max_size(2).max_exclusive(3),
+            Pool::builder().max_exclusive(0),
+            Pool::builder().connect_timeout(Duration::ZERO),
+        ];
+        for builder in cases {
+            let debug = format!("{builder:?}");
+            let error = build(builder).expect_err(&debug);
+            assert_eq!(error.kind(), ErrorKind::Config, "{debug}");
+        }
+    }
+
+    #[test]
+    fn missing_or_broken_server_is_a_build_error() {
+        let error = Pool::builder().build().unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Config);
+        let error = Pool::builder().url("postgres://[::1").build().unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Config);
+        let error = Pool::builder()
+            .url("postgres://u:sentinel-pw@127.0.0.1/db?sslmode=require")
+            .build()
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::Config);
+        assert!(!error.to_string().contains("sentinel-pw"));
+    }
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let builder = Pool::builder().url("postgres://u:sentinel-pw@127.0.0.1/db");
+        assert!(!format!("{builder:?}").contains("sentinel-pw"));
+        let pool = builder.build().unwrap();
+        assert!(!format!("{pool:?}").contains("sentinel-pw"));
+    }
+
+    #[test]
+    fn defaults_build() {
+        let pool = build(Pool::builder().pipelining(true)).unwrap();
+        let status = pool.status();
+        assert_eq!(status.size, 0, "lazy: nothing is opened by build()");
+    }
+}

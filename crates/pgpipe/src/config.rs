@@ -1,0 +1,156 @@
+//! The pool's settings as plain data, with every default documented.
+
+use std::time::Duration;
+
+/// How pipelined queries are spread over connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Routing {
+    /// Send each query to the connection with the fewest queries in flight,
+    /// and open another connection (up to `max_size`) as soon as every open
+    /// one is busy. Uses more server backends, and so more server cores, at
+    /// moderate load.
+    #[default]
+    Spread,
+    /// Send each query to the connection with the fewest queries in flight,
+    /// and open another connection only when every open one holds
+    /// `max_pipeline_depth` queries. Uses the fewest server backends.
+    Fill,
+}
+
+/// Every setting of a [`Pool`](crate::Pool), with its default.
+///
+/// [`PoolBuilder`](crate::PoolBuilder) sets these one by one; this struct is
+/// for code that keeps settings as data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Most connections open at once, shared and exclusive together.
+    ///
+    /// Default: 4 × the number of CPUs, as deadpool.
+    pub max_size: usize,
+    /// Whether `query`, `query_one`, `query_opt` and `execute` share
+    /// connections between tasks and pipeline their queries (`true`), or
+    /// borrow an exclusive connection for each query, as deadpool-postgres
+    /// does (`false`).
+    ///
+    /// Default: `false`.
+    pub pipelining: bool,
+    /// Most queries in flight on one shared connection. A query that finds
+    /// every connection at this depth (and no room for another connection)
+    /// waits.
+    ///
+    /// Default: 128.
+    pub max_pipeline_depth: usize,
+    /// How pipelined queries are spread over connections.
+    ///
+    /// Default: [`Routing::Spread`].
+    pub routing: Routing,
+    /// How long queries that arrive for a connection that already has work
+    /// in flight are held back, so that they are written together. Never
+    /// applied to an idle connection. Zero sends each query as soon as it
+    /// arrives; tokio-postgres still writes everything queued while its
+    /// writer was busy in one flush.
+    ///
+    /// tokio's timer ticks in milliseconds, so a window under 1 ms acts as
+    /// 1 ms (or ends earlier, when `max_batch` queries are waiting).
+    ///
+    /// Default: zero.
+    pub batch_window: Duration,
+    /// Most queries released together from one `batch_window`; the window
+    /// closes early when this many are waiting.
+    ///
+    /// Default: 64.
+    pub max_batch: usize,
+    /// Most tasks waiting for room on the shared path at once. Past this,
+    /// queries fail at once with [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull).
+    ///
+    /// Default: 4096.
+    pub queue_capacity: usize,
+    /// Longest a query waits for room, or `get()` for a connection, before
+    /// failing with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout).
+    ///
+    /// Default: 30 s.
+    pub wait_timeout: Duration,
+    /// Longest a new connection may take to open (socket, TLS and
+    /// authentication), unless the connection config sets its own
+    /// `connect_timeout`.
+    ///
+    /// Default: 10 s.
+    pub connect_timeout: Duration,
+    /// Most prepared statements cached per connection.
+    ///
+    /// Default: 256.
+    pub statement_cache_capacity: usize,
+    /// Most connections checked out with [`Pool::get`](crate::Pool::get) at
+    /// once, so that exclusive users cannot take every connection from the
+    /// shared path. `None` picks the default.
+    ///
+    /// Default: with pipelining, `max_size - 1` (at least 1); without,
+    /// `max_size`.
+    pub max_exclusive: Option<usize>,
+}
+
+impl Default for PoolConfig {
+    fn default() -> PoolConfig {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        PoolConfig {
+            max_size: cpus * 4,
+            pipelining: false,
+            max_pipeline_depth: 128,
+            routing: Routing::default(),
+            batch_window: Duration::ZERO,
+            max_batch: 64,
+            queue_capacity: 4096,
+            wait_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            statement_cache_capacity: 256,
+            max_exclusive: None,
+        }
+    }
+}
+
+impl PoolConfig {
+    /// The exclusive cap in effect.
+    pub(crate) fn exclusive_limit(&self) -> usize {
+        self.max_exclusive.unwrap_or(if self.pipelining {
+            self.max_size.saturating_sub(1).max(1)
+        } else {
+            self.max_size
+        })
+    }
+
+    /// Checks the settings together; every invalid combination is an error
+    /// message here, never a panic later.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.max_size == 0 {
+            return Err("max_size must be at least 1".into());
+        }
+        if self.max_pipeline_depth == 0 || self.max_pipeline_depth > 1 << 20 {
+            return Err("max_pipeline_depth must be between 1 and 1048576".into());
+        }
+        if self.max_batch == 0 {
+            return Err("max_batch must be at least 1".into());
+        }
+        if self.statement_cache_capacity == 0 {
+            return Err("statement_cache_capacity must be at least 1".into());
+        }
+        if self.batch_window > Duration::from_secs(1) {
+            return Err("batch_window must be at most 1 s".into());
+        }
+        if !self.batch_window.is_zero() && !self.pipelining {
+            return Err("batch_window needs pipelining(true)".into());
+        }
+        if self.connect_timeout.is_zero() {
+            return Err("connect_timeout must be above zero".into());
+        }
+        match self.max_exclusive {
+            Some(0) => Err("max_exclusive must be at least 1".into()),
+            Some(n) if n > self.max_size => Err(format!(
+                "max_exclusive ({n}) must not exceed max_size ({})",
+                self.max_size
+            )),
+            _ => Ok(()),
+        }
+    }
+}

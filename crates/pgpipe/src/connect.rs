@@ -1,0 +1,237 @@
+//! Opening a connection whose socket the pool can watch.
+//!
+//! `tokio_postgres::Config::connect` opens its own socket, which the pool
+//! could not observe. So the pool opens the socket itself, the way
+//! tokio-postgres does (each host in turn, each resolved address, the connect
+//! timeout, `TCP_NODELAY`, keepalives, `tcp_user_timeout`, Unix sockets),
+//! wraps it in a [`TappedStream`] and hands it to
+//! [`Config::connect_raw`](tokio_postgres::Config::connect_raw).
+//!
+//! Not carried over: `load_balance_hosts=random` (hosts are tried in order)
+//! and `target_session_attrs`, which the pool checks itself after connecting.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use socket2::{SockRef, TcpKeepalive};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+#[cfg(unix)]
+use tokio::net::UnixStream;
+use tokio_postgres::config::{Host, TargetSessionAttrs};
+use tokio_postgres::{Client, Config, Connection, NoTls};
+
+use crate::error::{Error, ErrorKind};
+use crate::wire::{ConnState, TappedStream};
+
+/// A TCP or Unix socket.
+#[derive(Debug)]
+pub(crate) enum Socket {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+/// The stream type of every pooled connection.
+pub(crate) type PgStream = TappedStream<Socket>;
+
+/// A new connection and the task-side half that drives its I/O.
+pub(crate) type Connected = (
+    Client,
+    Connection<PgStream, tokio_postgres::tls::NoTlsStream>,
+);
+
+/// Connects to the first host of `config` that accepts, returning the client
+/// and its connection half.
+pub(crate) async fn connect(config: &Config, state: Arc<ConnState>) -> Result<Connected, Error> {
+    let hosts = config.get_hosts();
+    let addrs = config.get_hostaddrs();
+    let count = hosts.len().max(addrs.len());
+    if count == 0 {
+        return Err(connect_error(io::ErrorKind::InvalidInput, "no host given"));
+    }
+    let mut last = None;
+    for i in 0..count {
+        let port = port_for(config, i);
+        let host = match (addrs.get(i), hosts.get(i)) {
+            (Some(ip), _) => Host::Tcp(ip.to_string()),
+            (None, Some(host)) => host.clone(),
+            (None, None) => continue,
+        };
+        match open_socket(config, &host, port).await {
+            Ok(socket) => {
+                let stream = TappedStream::new(socket, Arc::clone(&state));
+                match config.connect_raw(stream, NoTls).await {
+                    Ok(connected) => return Ok(connected),
+                    Err(e) => last = Some(Error::connect(e)),
+                }
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| connect_error(io::ErrorKind::InvalidInput, "no usable host")))
+}
+
+fn port_for(config: &Config, i: usize) -> u16 {
+    let ports = config.get_ports();
+    ports.get(i).or(ports.first()).copied().unwrap_or(5432)
+}
+
+async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<Socket, Error> {
+    match host {
+        Host::Tcp(name) => {
+            let addrs = with_timeout(config, tokio::net::lookup_host((name.as_str(), port)))
+                .await?
+                .collect::<Vec<_>>();
+            let mut last = None;
+            for addr in addrs {
+                match with_timeout(config, TcpStream::connect(addr)).await {
+                    Ok(stream) => {
+                        configure_tcp(config, &stream).map_err(socket_error)?;
+                        return Ok(Socket::Tcp(stream));
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| {
+                connect_error(io::ErrorKind::NotFound, "host resolved to no address")
+            }))
+        }
+        #[cfg(unix)]
+        Host::Unix(dir) => {
+            let path = dir.join(format!(".s.PGSQL.{port}"));
+            let stream = with_timeout(config, UnixStream::connect(&path)).await?;
+            Ok(Socket::Unix(stream))
+        }
+    }
+}
+
+fn configure_tcp(config: &Config, stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let sock = SockRef::from(stream);
+    #[cfg(target_os = "linux")]
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        sock.set_tcp_user_timeout(Some(*timeout))?;
+    }
+    if config.get_keepalives() {
+        let mut keepalive = TcpKeepalive::new().with_time(config.get_keepalives_idle());
+        if let Some(interval) = config.get_keepalives_interval() {
+            keepalive = keepalive.with_interval(interval);
+        }
+        #[cfg(not(windows))]
+        if let Some(retries) = config.get_keepalives_retries() {
+            keepalive = keepalive.with_retries(retries);
+        }
+        sock.set_tcp_keepalive(&keepalive)?;
+    }
+    Ok(())
+}
+
+async fn with_timeout<T>(
+    config: &Config,
+    future: impl Future<Output = io::Result<T>>,
+) -> Result<T, Error> {
+    let timeout: Option<Duration> = config.get_connect_timeout().copied();
+    let result = match timeout {
+        Some(timeout) => match tokio::time::timeout(timeout, future).await {
+            Ok(result) => result,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection timed out",
+            )),
+        },
+        None => future.await,
+    };
+    result.map_err(socket_error)
+}
+
+fn socket_error(e: io::Error) -> Error {
+    Error::with_source(
+        ErrorKind::Connect,
+        "could not open a socket to the server",
+        e,
+    )
+}
+
+fn connect_error(kind: io::ErrorKind, message: &str) -> Error {
+    Error::with_source(
+        ErrorKind::Connect,
+        message.to_string(),
+        io::Error::new(kind, message),
+    )
+}
+
+/// Runs the `target_session_attrs` check that `connect_raw` skips.
+pub(crate) async fn check_session_attrs(config: &Config, client: &Client) -> Result<(), Error> {
+    let wanted = config.get_target_session_attrs();
+    if wanted == TargetSessionAttrs::Any {
+        return Ok(());
+    }
+    let rows = client
+        .simple_query("SHOW transaction_read_only")
+        .await
+        .map_err(Error::connect)?;
+    let read_only = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(|v| v == "on"),
+        _ => None,
+    });
+    match (wanted, read_only) {
+        (TargetSessionAttrs::ReadWrite, Some(true)) => Err(connect_error(
+            io::ErrorKind::PermissionDenied,
+            "database does not allow writes",
+        )),
+        (TargetSessionAttrs::ReadOnly, Some(false)) => Err(connect_error(
+            io::ErrorKind::PermissionDenied,
+            "database is not read only",
+        )),
+        _ => Ok(()),
+    }
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}

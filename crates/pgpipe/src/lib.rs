@@ -1,0 +1,28 @@
+#![doc = include_str!("../../../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod builder;
+mod config;
+mod connect;
+mod connection;
+mod error;
+mod exec;
+mod gate;
+mod manager;
+mod pool;
+mod session;
+mod shared;
+mod statement_cache;
+mod status;
+mod wire;
+
+pub use builder::PoolBuilder;
+pub use config::{PoolConfig, Routing};
+pub use connection::Connection;
+pub use error::{Error, ErrorKind};
+pub use pool::Pool;
+pub use status::Status;
+
+/// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
+/// match the ones pgpipe was built with.
+pub use tokio_postgres;

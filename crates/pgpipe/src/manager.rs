@@ -1,0 +1,99 @@
+//! The deadpool manager: how connections are opened, checked and recycled.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
+use tokio_postgres::Client;
+
+use crate::connect;
+use crate::error::Error;
+use crate::statement_cache::StatementCache;
+use crate::wire::{CLOSED, ConnState, DEAD};
+
+/// A pooled connection: the client, what the tap sees of its wire, and its
+/// statement cache. Shared and exclusive use both borrow it from deadpool.
+#[derive(Debug)]
+pub(crate) struct PgConn {
+    pub(crate) client: Client,
+    pub(crate) state: Arc<ConnState>,
+    pub(crate) cache: Arc<StatementCache>,
+}
+
+impl PgConn {
+    /// True once the connection's I/O task has ended.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.client.is_closed() || self.state.load.load(Ordering::Acquire) & DEAD != 0
+    }
+
+    /// Clears the session an exclusive user may have left behind, so the
+    /// connection can be shared. Prepared statements survive (no
+    /// `DEALLOCATE`), so the statement cache stays valid.
+    pub(crate) async fn reset_session(&self) -> Result<(), Error> {
+        let mut sql = String::new();
+        if self.state.tx_status.load(Ordering::Acquire) != b'I' {
+            sql.push_str("ROLLBACK; ");
+        }
+        sql.push_str(
+            "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
+             SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES;",
+        );
+        self.client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        self.state.needs_reset.store(false, Ordering::Release);
+        self.state.quarantined.store(0, Ordering::Release);
+        Ok(())
+    }
+}
+
+/// Opens and recycles [`PgConn`]s for deadpool.
+#[derive(Debug)]
+pub(crate) struct Manager {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) statement_cache_capacity: usize,
+}
+
+impl managed::Manager for Manager {
+    type Type = PgConn;
+    type Error = Error;
+
+    async fn create(&self) -> Result<PgConn, Error> {
+        let state = Arc::new(ConnState::default());
+        let (client, connection) = connect::connect(&self.config, Arc::clone(&state)).await?;
+        let io_state = Arc::clone(&state);
+        tokio::spawn(async move {
+            // The error, if any, reaches every request in flight through its
+            // response channel; here only the fact that the link is gone
+            // matters.
+            let _ = connection.await;
+            io_state.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
+        });
+        connect::check_session_attrs(&self.config, &client).await?;
+        Ok(PgConn {
+            client,
+            state,
+            cache: StatementCache::new(self.statement_cache_capacity),
+        })
+    }
+
+    async fn recycle(&self, conn: &mut PgConn, _: &Metrics) -> RecycleResult<Error> {
+        if conn.is_dead() {
+            return Err(RecycleError::message("connection is closed"));
+        }
+        // An exclusive user may have left a transaction open (a `BEGIN`
+        // through the raw client, a dropped `Transaction` whose rollback is
+        // still on its way). The next user must never inherit it. With
+        // answers still outstanding the last status is stale, so roll back
+        // then too: requests run in order, so after this one the session is
+        // idle whatever came before.
+        if conn.state.tx_status.load(Ordering::Acquire) != b'I' || conn.state.wire_depth() > 0 {
+            conn.client
+                .batch_execute("ROLLBACK")
+                .await
+                .map_err(|e| RecycleError::Backend(Error::from_query(e, true)))?;
+        }
+        Ok(())
+    }
+}

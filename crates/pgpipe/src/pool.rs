@@ -1,0 +1,290 @@
+//! [`Pool`]: the public face of the crate.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use deadpool::Runtime;
+use tokio::sync::Semaphore;
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::builder::PoolBuilder;
+use crate::config::PoolConfig;
+use crate::connection::{Connection, Owner};
+use crate::error::Error;
+use crate::exec::{self, Op, Output, Prepare};
+use crate::manager::Manager;
+use crate::session;
+use crate::shared::SharedSet;
+use crate::status::Status;
+
+/// How often the pool's housekeeping runs, and so the tick of its clock.
+const TICK: Duration = Duration::from_millis(100);
+/// A shared connection with nothing in flight for this many ticks goes back
+/// to the idle pool.
+const SHARED_IDLE_TICKS: u64 = 10;
+
+/// A pool of PostgreSQL connections whose queries, with
+/// [`pipelining`](PoolBuilder::pipelining) on, share connections and are
+/// pipelined.
+///
+/// Cheap to clone: clones share one pool. See the [crate docs](crate) for
+/// what may run on the shared path and what needs [`get`](Pool::get).
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<PoolInner>,
+}
+
+pub(crate) struct PoolInner {
+    pub(crate) config: PoolConfig,
+    pub(crate) pg: deadpool::managed::Pool<Manager>,
+    pub(crate) shared: SharedSet,
+    /// Places for exclusive checkouts (`max_exclusive`).
+    pub(crate) exclusive: Arc<Semaphore>,
+    /// The tasks holding those places.
+    pub(crate) claims: Mutex<Vec<Owner>>,
+    pub(crate) exclusive_claims: AtomicUsize,
+    pub(crate) exclusive_waiting: AtomicUsize,
+    closed: AtomicBool,
+    housekeeping: AtomicBool,
+    /// Ticks of [`TICK`] since housekeeping started; a clock the hot path can
+    /// read without a system call.
+    pub(crate) clock: AtomicU64,
+}
+
+impl Pool {
+    /// Starts building a pool.
+    pub fn builder() -> PoolBuilder {
+        PoolBuilder::default()
+    }
+
+    pub(crate) fn new(server: tokio_postgres::Config, config: PoolConfig) -> Pool {
+        let manager = Manager {
+            config: server,
+            statement_cache_capacity: config.statement_cache_capacity,
+        };
+        let pg = deadpool::managed::Pool::builder(manager)
+            .max_size(config.max_size)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .expect("a runtime is set, so deadpool's build cannot fail");
+        Pool {
+            inner: Arc::new(PoolInner {
+                exclusive: Arc::new(Semaphore::new(config.exclusive_limit())),
+                config,
+                pg,
+                shared: SharedSet::default(),
+                claims: Mutex::new(Vec::new()),
+                exclusive_claims: AtomicUsize::new(0),
+                exclusive_waiting: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+                housekeeping: AtomicBool::new(false),
+                clock: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Runs a query and returns its rows.
+    ///
+    /// With pipelining on, the query goes to a shared connection and is
+    /// pipelined with other tasks' queries; with it off, it borrows an
+    /// exclusive connection for the one query. Either way the statement is
+    /// prepared once per connection and cached.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::NotAllowedOnShared`](crate::ErrorKind::NotAllowedOnShared)
+    /// for SQL that changes session state, [`ErrorKind::Db`](crate::ErrorKind::Db)
+    /// when the server rejects the query, [`ErrorKind::Params`](crate::ErrorKind::Params)
+    /// for parameters that do not fit, [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost),
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout),
+    /// [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull),
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed) and
+    /// [`ErrorKind::Connect`](crate::ErrorKind::Connect) from the pool.
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        self.run(sql, params, Op::Query).await.map(Output::rows)
+    }
+
+    /// Runs a query that must return exactly one row.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Pool::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount)
+    /// for zero rows or more than one.
+    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
+        let mut rows = self.query(sql, params).await?;
+        match rows.len() {
+            1 => Ok(rows.remove(0)),
+            n => Err(Error::row_count("exactly one", n)),
+        }
+    }
+
+    /// Runs a query that returns at most one row.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Pool::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount)
+    /// for more than one row.
+    pub async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, Error> {
+        let mut rows = self.query(sql, params).await?;
+        match rows.len() {
+            0 => Ok(None),
+            1 => Ok(Some(rows.remove(0))),
+            n => Err(Error::row_count("at most one", n)),
+        }
+    }
+
+    /// Runs a statement and returns how many rows it affected.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Pool::query).
+    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        self.run(sql, params, Op::Execute).await.map(Output::count)
+    }
+
+    async fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Output, Error> {
+        session::check(sql)?;
+        let inner = &self.inner;
+        if inner.is_closed() {
+            return Err(Error::closed());
+        }
+        inner.start_housekeeping();
+        if !inner.config.pipelining {
+            let conn = inner.checkout().await?;
+            return exec::run(conn.pg_conn(), Prepare::Inline, sql, params, op).await;
+        }
+        let slot = inner.reserve().await?;
+        let window = inner.config.batch_window;
+        if slot.ahead > 0 && !window.is_zero() {
+            slot.conn.gate.pass(window, inner.config.max_batch).await;
+        }
+        exec::run(
+            slot.conn.conn(),
+            Prepare::Spawned(&slot.conn),
+            sql,
+            params,
+            op,
+        )
+        .await
+    }
+
+    /// Checks out an exclusive connection: for transactions, session
+    /// settings, `LISTEN`, `COPY`, cursors, temp tables, advisory locks.
+    ///
+    /// Exclusive checkouts and shared connections draw from one `max_size`;
+    /// at most `max_exclusive` connections are checked out at once, and a
+    /// checkout that finds every connection shared makes one drain and
+    /// return.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) after `wait_timeout`,
+    /// [`ErrorKind::Deadlock`](crate::ErrorKind::Deadlock) when this task
+    /// already holds every place it could wait for,
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed),
+    /// [`ErrorKind::Connect`](crate::ErrorKind::Connect).
+    pub async fn get(&self) -> Result<Connection, Error> {
+        self.inner.start_housekeeping();
+        self.inner.checkout().await
+    }
+
+    /// A snapshot of the pool's connections and queues.
+    pub fn status(&self) -> Status {
+        let inner = &self.inner;
+        let pg = inner.pg.status();
+        let (shared, in_flight) = inner.shared_counts();
+        let exclusive_waiting = inner.exclusive_waiting.load(Ordering::Acquire);
+        let exclusive = inner
+            .exclusive_claims
+            .load(Ordering::Acquire)
+            .saturating_sub(exclusive_waiting);
+        Status {
+            max_size: inner.config.max_size,
+            size: pg.size,
+            idle: pg.available,
+            shared,
+            exclusive,
+            in_flight,
+            waiting: inner.shared.waiting.load(Ordering::Acquire),
+            exclusive_waiting,
+        }
+    }
+
+    /// Closes the pool: new queries and checkouts fail with
+    /// [`ErrorKind::Closed`](crate::ErrorKind::Closed) at once, and so do
+    /// waiting ones. Queries already running finish; their connections
+    /// close when they do.
+    pub fn close(&self) {
+        let inner = &self.inner;
+        inner.closed.store(true, Ordering::Release);
+        inner.exclusive.close();
+        inner.pg.close();
+        inner.retire_all();
+        inner.shared.room.notify_waiters();
+    }
+
+    /// True after [`close`](Pool::close).
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+}
+
+impl PoolInner {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Starts the housekeeping task on first use (the builder may run
+    /// outside a runtime, so it cannot start it). It holds only a weak
+    /// reference and ends when the pool is dropped or closed.
+    fn start_housekeeping(self: &Arc<Self>) {
+        if self.housekeeping.load(Ordering::Relaxed)
+            || self.housekeeping.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        tokio::spawn(housekeeping(pool));
+    }
+}
+
+async fn housekeeping(pool: Weak<PoolInner>) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        if pool.is_closed() {
+            return;
+        }
+        pool.clock.fetch_add(1, Ordering::Relaxed);
+        pool.prune();
+        pool.rebalance();
+        pool.retire_idle(SHARED_IDLE_TICKS);
+    }
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool")
+            .field("config", &self.inner.config)
+            .field("status", &self.status())
+            .finish()
+    }
+}

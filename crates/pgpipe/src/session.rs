@@ -1,0 +1,495 @@
+//! The guard that keeps session state off shared connections.
+//!
+//! Every task whose query runs on a shared connection shares its session. A
+//! `BEGIN` would pull the other tasks' queries into one transaction, a `SET`
+//! would change their settings, a session advisory lock would outlive the
+//! query. So [`check`] refuses such SQL on the shared path, before anything
+//! is sent, with [`ErrorKind::NotAllowedOnShared`].
+//!
+//! What is checked, after skipping comments (`--`, nested `/* */`), string
+//! literals, quoted identifiers and dollar quotes, case-insensitively, in
+//! every `;`-separated statement:
+//!
+//! - statements starting with `BEGIN`, `START`, `COMMIT`, `END`, `ROLLBACK`,
+//!   `ABORT`, `SAVEPOINT`, `RELEASE`, `PREPARE`, `DEALLOCATE`, `DECLARE`,
+//!   `FETCH`, `MOVE`, `CLOSE`, `COPY`, `LOCK`, `DISCARD`, `LISTEN`,
+//!   `UNLISTEN`, `RESET`, and `SET` unless it is `SET LOCAL`;
+//! - `CREATE [OR REPLACE] [GLOBAL|LOCAL] TEMP|TEMPORARY …`;
+//! - `SELECT … INTO [GLOBAL|LOCAL] TEMP|TEMPORARY …` (and `WITH …`, `TABLE …`);
+//! - calls of `set_config(…)` unless the third argument is `true`
+//!   (transaction-local);
+//! - calls of the session-level advisory lock functions `pg_advisory_lock`,
+//!   `pg_advisory_lock_shared`, `pg_try_advisory_lock`,
+//!   `pg_try_advisory_lock_shared` (the `_xact_` variants are fine).
+//!
+//! Not checked: what functions, procedures (`CALL`) and `DO` blocks do
+//! inside. That is backed by the wire: a shared connection whose
+//! `ReadyForQuery` reports a transaction, or that receives a
+//! `ParameterStatus` after start-up, is quarantined at once (see
+//! [`wire`](crate::wire)).
+
+use crate::error::{Error, ErrorKind};
+
+/// Refuses SQL that would change session state; see the module docs.
+pub(crate) fn check(sql: &str) -> Result<(), Error> {
+    let tokens: Lexer<'_> = Lexer::new(sql.as_bytes());
+    let mut statement: Vec<Token<'_>> = Vec::new();
+    for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
+        if token == Token::Punct(b';') {
+            if let Some(what) = refused(&statement) {
+                return Err(refusal(what));
+            }
+            statement.clear();
+        } else {
+            statement.push(token);
+        }
+    }
+    Ok(())
+}
+
+fn refusal(what: &str) -> Error {
+    Error::new(
+        ErrorKind::NotAllowedOnShared,
+        format!(
+            "{what} changes session state, which would leak to every task sharing this \
+             connection; run it on an exclusive connection from `pool.get().await?`"
+        ),
+    )
+}
+
+const REFUSED_FIRST_WORDS: &[&str] = &[
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "savepoint",
+    "release",
+    "prepare",
+    "deallocate",
+    "declare",
+    "fetch",
+    "move",
+    "close",
+    "copy",
+    "lock",
+    "discard",
+    "listen",
+    "unlisten",
+    "reset",
+];
+
+const SESSION_LOCKS: &[&str] = &[
+    "pg_advisory_lock",
+    "pg_advisory_lock_shared",
+    "pg_try_advisory_lock",
+    "pg_try_advisory_lock_shared",
+];
+
+/// Names what makes one statement (without its `;`) session-changing.
+fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
+    let words: Vec<&[u8]> = statement
+        .iter()
+        .skip_while(|t| **t == Token::Punct(b'('))
+        .map_while(|t| match t {
+            Token::Word(w) => Some(*w),
+            _ => None,
+        })
+        .collect();
+    let first = *words.first()?;
+    if let Some(word) = REFUSED_FIRST_WORDS.iter().find(|w| is(first, w)) {
+        return Some(keyword_name(word));
+    }
+    if is(first, "set") && !words.get(1).is_some_and(|w| is(w, "local")) {
+        return Some("SET (without LOCAL)");
+    }
+    if is(first, "create") && creates_temp(&words[1..]) {
+        return Some("CREATE TEMP");
+    }
+    let selects = ["select", "with", "table"].iter().any(|w| is(first, w))
+        || statement.first() == Some(&Token::Punct(b'('));
+    for (i, token) in statement.iter().enumerate() {
+        let rest = &statement[i + 1..];
+        match token {
+            Token::Word(w) if selects && is(w, "into") && into_temp(rest) => {
+                return Some("SELECT … INTO TEMP");
+            }
+            Token::Word(w) | Token::Quoted(w) if is_call(rest) => {
+                if is(w, "set_config") && !third_argument_is_true(rest) {
+                    return Some("set_config(…, false)");
+                }
+                if SESSION_LOCKS.iter().any(|lock| is(w, lock)) {
+                    return Some("a session-level advisory lock");
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn keyword_name(word: &str) -> &'static str {
+    match word {
+        "begin" => "BEGIN",
+        "start" => "START TRANSACTION",
+        "commit" => "COMMIT",
+        "end" => "END",
+        "rollback" => "ROLLBACK",
+        "abort" => "ABORT",
+        "savepoint" => "SAVEPOINT",
+        "release" => "RELEASE SAVEPOINT",
+        "prepare" => "PREPARE",
+        "deallocate" => "DEALLOCATE",
+        "declare" => "DECLARE (a cursor)",
+        "fetch" => "FETCH (from a cursor)",
+        "move" => "MOVE (a cursor)",
+        "close" => "CLOSE (a cursor)",
+        "copy" => "COPY",
+        "lock" => "LOCK",
+        "discard" => "DISCARD",
+        "listen" => "LISTEN",
+        "unlisten" => "UNLISTEN",
+        _ => "RESET",
+    }
+}
+
+fn creates_temp(words: &[&[u8]]) -> bool {
+    let mut rest = words;
+    if rest.len() >= 2 && is(rest[0], "or") && is(rest[1], "replace") {
+        rest = &rest[2..];
+    }
+    if rest
+        .first()
+        .is_some_and(|w| is(w, "global") || is(w, "local"))
+    {
+        rest = &rest[1..];
+    }
+    rest.first()
+        .is_some_and(|w| is(w, "temp") || is(w, "temporary"))
+}
+
+fn into_temp(rest: &[Token<'_>]) -> bool {
+    let mut words = rest.iter().map_while(|t| match t {
+        Token::Word(w) => Some(*w),
+        _ => None,
+    });
+    match words.next() {
+        Some(w) if is(w, "temp") || is(w, "temporary") => true,
+        Some(w) if is(w, "global") || is(w, "local") => words
+            .next()
+            .is_some_and(|w| is(w, "temp") || is(w, "temporary")),
+        _ => false,
+    }
+}
+
+fn is_call(rest: &[Token<'_>]) -> bool {
+    rest.first() == Some(&Token::Punct(b'('))
+}
+
+/// `rest` starts at the `(` of a call: is its third top-level argument the
+/// single word `true`?
+fn third_argument_is_true(rest: &[Token<'_>]) -> bool {
+    let mut depth = 0usize;
+    let mut argument = 0usize;
+    let mut third: Vec<&Token<'_>> = Vec::new();
+    for token in rest {
+        match token {
+            Token::Punct(b'(') => {
+                depth += 1;
+                if depth == 1 {
+                    continue;
+                }
+            }
+            Token::Punct(b')') => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            Token::Punct(b',') if depth == 1 => {
+                argument += 1;
+                continue;
+            }
+            _ => {}
+        }
+        if argument == 2 {
+            third.push(token);
+        }
+    }
+    matches!(third.as_slice(), [Token::Word(w)] if is(w, "true"))
+}
+
+fn is(word: &[u8], keyword: &str) -> bool {
+    word.eq_ignore_ascii_case(keyword.as_bytes())
+}
+
+/// A lexical token; only what the checks need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token<'a> {
+    /// An unquoted identifier or keyword.
+    Word(&'a [u8]),
+    /// A double-quoted identifier's content.
+    Quoted(&'a [u8]),
+    /// A string literal, number, parameter or operator.
+    Other,
+    /// `(`, `)`, `,` or `;`.
+    Punct(u8),
+}
+
+/// Splits SQL into [`Token`]s, skipping comments and the insides of literals.
+struct Lexer<'a> {
+    sql: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Lexer<'a> {
+    fn new(sql: &'a [u8]) -> Lexer<'a> {
+        Lexer { sql, at: 0 }
+    }
+
+    fn peek(&self, offset: usize) -> Option<u8> {
+        self.sql.get(self.at + offset).copied()
+    }
+
+    fn skip_block_comment(&mut self) {
+        let mut depth = 0usize;
+        while self.at < self.sql.len() {
+            match (self.peek(0), self.peek(1)) {
+                (Some(b'/'), Some(b'*')) => {
+                    depth += 1;
+                    self.at += 2;
+                }
+                (Some(b'*'), Some(b'/')) => {
+                    depth -= 1;
+                    self.at += 2;
+                    if depth == 0 {
+                        return;
+                    }
+                }
+                _ => self.at += 1,
+            }
+        }
+    }
+
+    /// Skips a quoted run ending in `quote`, where a doubled quote is an
+    /// escaped one (and, with `backslash`, so is `\` + anything).
+    fn skip_quoted(&mut self, quote: u8, backslash: bool) -> &'a [u8] {
+        let start = self.at + 1;
+        self.at += 1;
+        while let Some(c) = self.peek(0) {
+            let escaped = (backslash && c == b'\\') || (c == quote && self.peek(1) == Some(quote));
+            if escaped {
+                self.at += 2;
+            } else if c == quote {
+                self.at += 1;
+                return &self.sql[start..self.at - 1];
+            } else {
+                self.at += 1;
+            }
+        }
+        &self.sql[start.min(self.sql.len())..]
+    }
+
+    /// At a `$`: a dollar-quoted string (`$$…$$`, `$tag$…$tag$`) or a
+    /// parameter (`$1`).
+    fn skip_dollar(&mut self) {
+        let rest = &self.sql[self.at..];
+        let tag_len = rest[1..]
+            .iter()
+            .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+            .map(|n| n + 1);
+        match tag_len {
+            Some(n) if rest[n] == b'$' && !rest[1].is_ascii_digit() => {
+                let tag = &rest[..=n];
+                let body = &rest[n + 1..];
+                let end = body
+                    .windows(tag.len())
+                    .position(|w| w == tag)
+                    .map_or(body.len(), |p| p + tag.len());
+                self.at += n + 1 + end;
+            }
+            _ => {
+                self.at += 1;
+                while self.peek(0).is_some_and(|c| c.is_ascii_digit()) {
+                    self.at += 1;
+                }
+            }
+        }
+    }
+}
+
+impl<'a> Iterator for Lexer<'a> {
+    type Item = Token<'a>;
+
+    fn next(&mut self) -> Option<Token<'a>> {
+        loop {
+            let c = self.peek(0)?;
+            match c {
+                c if c.is_ascii_whitespace() => self.at += 1,
+                b'-' if self.peek(1) == Some(b'-') => {
+                    while self.peek(0).is_some_and(|c| c != b'\n') {
+                        self.at += 1;
+                    }
+                }
+                b'/' if self.peek(1) == Some(b'*') => self.skip_block_comment(),
+                b'\'' => {
+                    self.skip_quoted(b'\'', false);
+                    return Some(Token::Other);
+                }
+                b'"' => return Some(Token::Quoted(self.skip_quoted(b'"', false))),
+                b'$' => {
+                    self.skip_dollar();
+                    return Some(Token::Other);
+                }
+                b'(' | b')' | b',' | b';' => {
+                    self.at += 1;
+                    return Some(Token::Punct(c));
+                }
+                c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                    let start = self.at;
+                    while self.peek(0).is_some_and(|c| {
+                        c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
+                    }) {
+                        self.at += 1;
+                    }
+                    let word = &self.sql[start..self.at];
+                    // E'…' strings take backslash escapes.
+                    if (word == b"e" || word == b"E") && self.peek(0) == Some(b'\'') {
+                        self.skip_quoted(b'\'', true);
+                        return Some(Token::Other);
+                    }
+                    return Some(Token::Word(word));
+                }
+                _ => {
+                    self.at += 1;
+                    return Some(Token::Other);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(sql: &str) -> bool {
+        match check(sql) {
+            Ok(()) => false,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::NotAllowedOnShared);
+                assert!(e.to_string().contains("pool.get()"), "{e}");
+                true
+            }
+        }
+    }
+
+    #[test]
+    fn transaction_control_is_refused() {
+        for sql in [
+            "BEGIN",
+            "begin isolation level serializable",
+            "START TRANSACTION",
+            "COMMIT",
+            "end",
+            "ROLLBACK",
+            "abort",
+            "SAVEPOINT a",
+            "RELEASE SAVEPOINT a",
+            "PREPARE TRANSACTION 'x'",
+        ] {
+            assert!(refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_statements_are_refused() {
+        for sql in [
+            "SET search_path = x",
+            "set session timezone = 'UTC'",
+            "SET TIME ZONE 'UTC'",
+            "RESET ALL",
+            "LISTEN chan",
+            "UNLISTEN *",
+            "PREPARE p AS SELECT 1",
+            "DEALLOCATE ALL",
+            "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+            "FETCH 10 FROM c",
+            "COPY t FROM STDIN",
+            "LOCK TABLE t",
+            "DISCARD ALL",
+            "CREATE TEMP TABLE t (a int)",
+            "create temporary table t as select 1",
+            "CREATE GLOBAL TEMPORARY TABLE t (a int)",
+            "CREATE OR REPLACE TEMP VIEW v AS SELECT 1",
+            "SELECT 1 INTO TEMP t",
+            "select * into temporary table t from x",
+            "WITH a AS (SELECT 1) SELECT * INTO LOCAL TEMP t FROM a",
+            "SELECT set_config('search_path', 'x', false)",
+            "select SET_CONFIG('a.b', $1, $2)",
+            "SELECT pg_advisory_lock(1)",
+            "SELECT pg_try_advisory_lock_shared(1, 2)",
+            "SELECT \"pg_advisory_lock\"(1)",
+        ] {
+            assert!(refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn comments_case_and_parentheses_do_not_fool_it() {
+        for sql in [
+            "  -- a comment\n  BEGIN",
+            "/* outer /* nested */ still comment */ SeT x = 1",
+            "/**/begin",
+            "(SELECT 1 INTO TEMP t)",
+            "SELECT 1; BEGIN",
+            "\n\t\tLiStEn x",
+        ] {
+            assert!(refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn ordinary_queries_pass() {
+        for sql in [
+            "SELECT $1::int8",
+            "INSERT INTO t (a) VALUES ($1) RETURNING a",
+            "UPDATE t SET a = 1 WHERE b = 2",
+            "DELETE FROM t",
+            "SET LOCAL statement_timeout = 100",
+            "SELECT set_config('a.b', 'c', true)",
+            "SELECT pg_advisory_xact_lock(1)",
+            "SELECT pg_advisory_unlock_all()",
+            "SELECT 'BEGIN; SET x = 1'",
+            "SELECT $$ BEGIN $$, $tag$ set_config('a','b',false) $tag$",
+            "SELECT E'it\\'s; BEGIN'",
+            "SELECT \"begin\" FROM t",
+            "-- BEGIN\nSELECT 1",
+            "/* SET x = 1 */ SELECT 1",
+            "CREATE TABLE temp_things (a int)",
+            "CREATE UNLOGGED TABLE u (a int)",
+            "INSERT INTO t SELECT * FROM u",
+            "SELECT a INTO STRICT FROM t",
+            "NOTIFY chan",
+            "SHOW search_path",
+            "",
+        ] {
+            assert!(!refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn unterminated_literals_do_not_panic() {
+        for sql in [
+            "SELECT 'abc",
+            "SELECT \"abc",
+            "SELECT $$abc",
+            "SELECT /* abc",
+            "$",
+            "$1",
+        ] {
+            let _ = check(sql);
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! One prepared-statement cache per connection, shared by every task that
+//! runs queries on it.
+//!
+//! - **In-flight dedup.** When N tasks miss the same SQL at once, one of them
+//!   gets a [`Ticket`] and prepares; the others wait for its result. Sending
+//!   N `Parse` messages for one name is exactly the bug node-postgres' first
+//!   pipelining PR hit ("prepared statement … already exists").
+//! - **Cancellation.** A ticket dropped before it completes (its task was
+//!   cancelled) removes the pending entry and wakes the waiters, who retry:
+//!   nobody is stranded.
+//! - **Bounded.** At most `capacity` statements; on overflow the least
+//!   recently used one is dropped, and tokio-postgres closes it on the server
+//!   once no query is still using it.
+//! - **Self-healing.** [`invalidate`](StatementCache::invalidate) drops an
+//!   entry that the server no longer accepts (`0A000 cached plan must not
+//!   change result type`, `26000`), so the next lookup prepares it again.
+//!
+//! Hits take a read lock and bump an atomic "last used" tick; only misses and
+//! evictions take the write lock.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
+use tokio_postgres::Statement;
+
+/// What a prepare produced, as handed to every task waiting for it.
+pub(crate) type Prepared = Result<Statement, Arc<tokio_postgres::Error>>;
+
+/// A statement cache; see the module docs.
+pub(crate) struct StatementCache {
+    capacity: usize,
+    entries: RwLock<HashMap<Arc<str>, Entry>>,
+    clock: AtomicU64,
+    generations: AtomicU64,
+}
+
+struct Entry {
+    generation: u64,
+    last_used: AtomicU64,
+    slot: Slot,
+}
+
+enum Slot {
+    Ready(Statement),
+    Pending(watch::Receiver<Option<Prepared>>),
+}
+
+/// The answer to a lookup.
+pub(crate) enum Lookup {
+    /// Cached; the `u64` identifies this entry for [`StatementCache::invalidate`].
+    Ready(Statement, u64),
+    /// Another task is preparing it: wait with [`wait`]. The `u64` is as for
+    /// `Ready`.
+    Pending(watch::Receiver<Option<Prepared>>, u64),
+    /// Nobody has it: prepare it and [`complete`](StatementCache::complete).
+    Miss(Ticket),
+}
+
+/// The right, and the duty, to prepare one SQL text for the cache.
+pub(crate) struct Ticket {
+    cache: Arc<StatementCache>,
+    sql: Arc<str>,
+    generation: u64,
+    sender: Option<watch::Sender<Option<Prepared>>>,
+}
+
+impl StatementCache {
+    pub(crate) fn new(capacity: usize) -> Arc<StatementCache> {
+        Arc::new(StatementCache {
+            capacity: capacity.max(1),
+            entries: RwLock::new(HashMap::new()),
+            clock: AtomicU64::new(0),
+            generations: AtomicU64::new(0),
+        })
+    }
+
+    /// Looks `sql` up, registering a pending entry on a miss.
+    pub(crate) fn lookup(self: &Arc<Self>, sql: &str) -> Lookup {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        {
+            let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(found) = entries.get(sql) {
+                return found.answer(now);
+            }
+        }
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = entries.get(sql) {
+            return found.answer(now);
+        }
+        let generation = self.generations.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = watch::channel(None);
+        let sql: Arc<str> = Arc::from(sql);
+        entries.insert(
+            Arc::clone(&sql),
+            Entry {
+                generation,
+                last_used: AtomicU64::new(now),
+                slot: Slot::Pending(receiver),
+            },
+        );
+        Lookup::Miss(Ticket {
+            cache: Arc::clone(self),
+            sql,
+            generation,
+            sender: Some(sender),
+        })
+    }
+
+    /// Stores the result of a prepare and hands it to the waiters. A failed
+    /// prepare is not cached: the next lookup tries again.
+    pub(crate) fn complete(&self, mut ticket: Ticket, result: Prepared) -> u64 {
+        {
+            let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+            let ours =
+                matches!(entries.get(&ticket.sql), Some(e) if e.generation == ticket.generation);
+            if ours {
+                match &result {
+                    Ok(statement) => {
+                        if let Some(entry) = entries.get_mut(&ticket.sql) {
+                            entry.slot = Slot::Ready(statement.clone());
+                        }
+                        self.evict_beyond_capacity(&mut entries);
+                    }
+                    Err(_) => {
+                        entries.remove(&ticket.sql);
+                    }
+                }
+            }
+        }
+        if let Some(sender) = ticket.sender.take() {
+            sender.send_replace(Some(result));
+        }
+        ticket.generation
+    }
+
+    /// Drops the entry for `sql` if it is still the one identified by
+    /// `generation` (a concurrent task may already have replaced it).
+    pub(crate) fn invalidate(&self, sql: &str, generation: u64) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if matches!(entries.get(sql), Some(e) if e.generation == generation) {
+            entries.remove(sql);
+        }
+    }
+
+    /// Number of cached (ready) statements.
+    pub(crate) fn len(&self) -> usize {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries
+            .values()
+            .filter(|e| matches!(e.slot, Slot::Ready(_)))
+            .count()
+    }
+
+    fn evict_beyond_capacity(&self, entries: &mut HashMap<Arc<str>, Entry>) {
+        let mut ready = entries
+            .values()
+            .filter(|e| matches!(e.slot, Slot::Ready(_)))
+            .count();
+        while ready > self.capacity {
+            let oldest = entries
+                .iter()
+                .filter(|(_, e)| matches!(e.slot, Slot::Ready(_)))
+                .min_by_key(|(_, e)| e.last_used.load(Ordering::Relaxed))
+                .map(|(sql, _)| Arc::clone(sql));
+            match oldest {
+                Some(sql) => {
+                    entries.remove(&sql);
+                    ready -= 1;
+                }
+                None => break,
+            }
+        }
+    }
+}
+
+impl Entry {
+    fn answer(&self, now: u64) -> Lookup {
+        self.last_used.store(now, Ordering::Relaxed);
+        match &self.slot {
+            Slot::Ready(statement) => Lookup::Ready(statement.clone(), self.generation),
+            Slot::Pending(receiver) => Lookup::Pending(receiver.clone(), self.generation),
+        }
+    }
+}
+
+impl Ticket {
+    /// The SQL this ticket prepares.
+    pub(crate) fn sql(&self) -> &str {
+        &self.sql
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.sender.is_some() {
+            // Never completed: its task was cancelled. Remove the pending
+            // entry; dropping the sender wakes the waiters, who look again.
+            self.cache.invalidate(&self.sql, self.generation);
+        }
+    }
+}
+
+/// Waits for another task's prepare. `None` means that task was cancelled
+/// and the caller should look up again.
+pub(crate) async fn wait(mut receiver: watch::Receiver<Option<Prepared>>) -> Option<Prepared> {
+    let answer = match receiver.wait_for(Option::is_some).await {
+        Ok(value) => value.clone(),
+        Err(_) => None,
+    };
+    // The sender may have completed just before going away.
+    answer.or_else(|| receiver.borrow().clone())
+}
+
+impl fmt::Debug for StatementCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StatementCache")
+            .field("capacity", &self.capacity)
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,151 @@
+//! Lost connections and full queues end in clear errors, never a hang.
+
+use std::time::{Duration, Instant};
+
+use pgpipe::ErrorKind;
+use pgpipe_test_support::{admin, backend_pids};
+
+use crate::support::{app, builder, settle};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backends_fail_their_queries_and_the_pool_heals() {
+    let app = app("terminate");
+    let pool = builder(&app).max_size(2).pipelining(true).build().unwrap();
+    let mut handles = Vec::new();
+    for i in 0..200i64 {
+        let pool = pool.clone();
+        handles.push(tokio::spawn(async move {
+            let result = pool
+                .query_one("SELECT $1::int8, pg_sleep(0.2)::text", &[&i])
+                .await;
+            (i, result)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let admin = admin().await;
+    let pids = backend_pids(&admin, &app).await;
+    assert!(!pids.is_empty(), "the pool has backends");
+    for pid in &pids {
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[pid])
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    let (mut lost, mut answered) = (0, 0);
+    for handle in handles {
+        let (i, result) = tokio::time::timeout(Duration::from_secs(10), handle)
+            .await
+            .expect("no query hangs")
+            .unwrap();
+        match result {
+            Ok(row) => {
+                assert_eq!(row.get::<_, i64>(0), i);
+                answered += 1;
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{e}");
+                lost += 1;
+            }
+        }
+    }
+    assert!(lost > 0, "queries were in flight when the backends died");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    eprintln!(
+        "terminated {} backends: {lost} lost, {answered} answered",
+        pids.len()
+    );
+    // The pool replaces the dead connections.
+    for i in 0..20i64 {
+        let row = pool.query_one("SELECT $1::int8", &[&i]).await.unwrap();
+        assert_eq!(row.get::<_, i64>(0), i);
+    }
+    settle(&pool).await;
+    let fresh = backend_pids(&admin, &app).await;
+    assert!(
+        fresh.iter().all(|pid| !pids.contains(pid)),
+        "dead backends are gone"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_and_a_long_wait_times_out() {
+    let pool = builder(&app("queue"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .max_pipeline_depth(1)
+        .queue_capacity(2)
+        .wait_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let busy = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.query("SELECT pg_sleep(1.5)", &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let start = Instant::now();
+                let e = pool.query("SELECT 1", &[]).await.unwrap_err();
+                (e.kind(), start.elapsed())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(pool.status().waiting, 2);
+    let e = pool.query("SELECT 1", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::QueueFull, "{e}");
+    for waiter in waiters {
+        let (kind, waited) = waiter.await.unwrap();
+        assert_eq!(kind, ErrorKind::Timeout);
+        assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(2));
+    }
+    busy.await.unwrap().unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_fails_fast_with_connect() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for pipelining in [true, false] {
+        let pool = pgpipe::Pool::builder()
+            .url(&format!("postgres://postgres@127.0.0.1:{port}/postgres"))
+            .pipelining(pipelining)
+            .wait_timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        let start = Instant::now();
+        let e = pool.query("SELECT 1", &[]).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Connect, "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pool_refuses_new_work() {
+    let pool = builder(&app("closed"))
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    pool.close();
+    assert!(pool.is_closed());
+    assert_eq!(
+        pool.query("SELECT 1", &[]).await.unwrap_err().kind(),
+        ErrorKind::Closed
+    );
+    assert_eq!(pool.get().await.unwrap_err().kind(), ErrorKind::Closed);
+}

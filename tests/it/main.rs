@@ -1,0 +1,11 @@
+//! pgpipe's integration tests. Every test talks to a real PostgreSQL (see
+//! `pgpipe-test-support` for how it is found), shares it with other tests,
+//! and uses names of its own.
+
+mod bad_input;
+mod correctness;
+mod faults;
+mod routing;
+mod sessions;
+mod statements;
+mod support;

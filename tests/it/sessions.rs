@@ -1,0 +1,190 @@
+//! Transactions and session state stay on exclusive connections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use pgpipe::ErrorKind;
+use pgpipe_test_support::{admin, unique};
+
+use crate::support::{app, builder};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_is_invisible_to_pipelined_queries() {
+    let table = unique("tx");
+    let admin = admin().await;
+    admin
+        .batch_execute(&format!("CREATE TABLE {table} (a int8)"))
+        .await
+        .unwrap();
+    let pool = builder(&app("tx"))
+        .max_size(3)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let count_sql = format!("SELECT count(*) FROM {table}");
+    let mut conn = pool.get().await.unwrap();
+    let tx = conn.transaction().await.unwrap();
+    tx.execute(&format!("INSERT INTO {table} VALUES (1)"), &[])
+        .await
+        .unwrap();
+    // Many pipelined readers while the transaction is open: none sees it.
+    let mut handles = Vec::new();
+    for _ in 0..100 {
+        let (pool, sql) = (pool.clone(), count_sql.clone());
+        handles.push(tokio::spawn(async move {
+            pool.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0)
+        }));
+    }
+    for handle in handles {
+        assert_eq!(handle.await.unwrap(), 0);
+    }
+    tx.commit().await.unwrap();
+    drop(conn);
+    let seen: i64 = pool.query_one(&count_sql, &[]).await.unwrap().get(0);
+    assert_eq!(seen, 1);
+    admin
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dirty_exclusive_connection_is_clean_when_shared_again() {
+    let app = app("dirty");
+    // One connection, so the shared path must reuse the dirty one.
+    let pool = builder(&app)
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let backend: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    {
+        let conn = pool.get().await.unwrap();
+        conn.batch_execute(
+            "SET search_path = nowhere; SET application_name = 'dirty'; \
+             CREATE TEMP TABLE leftover (a int); SELECT pg_advisory_lock(4242); \
+             LISTEN somewhere; BEGIN; INSERT INTO leftover VALUES (1)",
+        )
+        .await
+        .unwrap();
+        // Dropped with the transaction still open.
+    }
+    let row = pool
+        .query_one(
+            "SELECT pg_backend_pid(), current_setting('search_path'), \
+                    current_setting('application_name'), \
+                    to_regclass('pg_temp.leftover') IS NULL, \
+                    (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()), \
+                    (SELECT count(*) FROM pg_listening_channels()), \
+                    pg_current_xact_id_if_assigned() IS NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i32>(0), backend, "the same session was reused");
+    assert_eq!(row.get::<_, String>(1), "\"$user\", public");
+    assert_eq!(row.get::<_, String>(2), app);
+    assert!(row.get::<_, bool>(3), "temp table dropped");
+    assert_eq!(row.get::<_, i64>(4), 0, "advisory lock released");
+    assert_eq!(row.get::<_, i64>(5), 0, "no LISTEN left");
+    assert!(
+        row.get::<_, bool>(6),
+        "not inside the leftover (writing) transaction"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_sql_is_refused_on_the_shared_path() {
+    let pool = builder(&app("refuse"))
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    for sql in [
+        "BEGIN",
+        "-- leading comment\n  commit",
+        "/* x */ SET search_path = x",
+        "LISTEN chan",
+        "CREATE TEMP TABLE t (a int)",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT set_config('search_path', 'x', false)",
+        "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+    ] {
+        let e = pool.execute(sql, &[]).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotAllowedOnShared, "{sql}: {e}");
+        assert!(e.to_string().contains("pool.get()"), "{e}");
+    }
+    // The guard applies without pipelining too, so code behaves the same in
+    // both modes.
+    let exclusive = builder(&app("refuse_off")).max_size(1).build().unwrap();
+    let e = exclusive.execute("BEGIN", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotAllowedOnShared);
+    // Allowed forms still run.
+    pool.execute("SELECT set_config('a.b', 'c', true)", &[])
+        .await
+        .unwrap();
+    pool.execute("SELECT pg_advisory_xact_lock(7)", &[])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holding_the_only_connection_and_querying_fails_fast() {
+    let pool = builder(&app("self_wait"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let conn = pool.get().await.unwrap();
+    let start = Instant::now();
+    let e = pool.query("SELECT 1", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Deadlock, "{e}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    let e = pool.get().await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Deadlock, "{e}");
+    drop(conn);
+    pool.query("SELECT 1", &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_checkouts_are_served_under_pipelined_load() {
+    let pool = builder(&app("starve"))
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut load = Vec::new();
+    for _ in 0..64 {
+        let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                pool.query_one("SELECT 1", &[]).await.unwrap();
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let conn = pool.get().await.unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        conn.simple_query("SELECT 1").await.unwrap();
+        drop(conn);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+}
