@@ -16,12 +16,12 @@ async fn terminated_backends_fail_their_queries_and_the_pool_heals() {
         let pool = pool.clone();
         handles.push(tokio::spawn(async move {
             let result = pool
-                .query_one("SELECT $1::int8, pg_sleep(0.2)::text", &[&i])
+                .query_one("SELECT $1::int8, pg_sleep(0.02)::text", &[&i])
                 .await;
             (i, result)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let admin = admin().await;
     let pids = backend_pids(&admin, &app).await;
     assert!(!pids.is_empty(), "the pool has backends");

@@ -31,27 +31,39 @@ pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 ///
 /// When no server answers and none can be started, with instructions.
 pub fn database_url() -> String {
-    static URL: OnceLock<String> = OnceLock::new();
+    try_database_url().unwrap_or_else(|message| panic!("{message}"))
+}
+
+/// Like [`database_url`], but returns the instructions instead of
+/// panicking.
+///
+/// # Errors
+///
+/// When no server answers and none can be started.
+pub fn try_database_url() -> Result<String, String> {
+    static URL: OnceLock<Result<String, String>> = OnceLock::new();
     URL.get_or_init(|| {
         let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.to_string());
         if answers(&url) {
-            return url;
+            return Ok(url);
         }
         let target = describe(&url);
         match Cluster::start() {
             Ok(cluster) => {
                 let url = cluster.url();
-                eprintln!("pgpipe-test-support: nothing answers at {target}; started a throwaway cluster at {url}");
+                eprintln!(
+                    "pgpipe-test-support: nothing answers at {target}; started a throwaway cluster at {url}"
+                );
                 // Lives until the process exits; its reaper stops it then.
                 std::mem::forget(cluster);
-                url
+                Ok(url)
             }
-            Err(e) => panic!(
+            Err(e) => Err(format!(
                 "no PostgreSQL server answers at {target}, and a throwaway one could not be \
-                 started ({e}). Point the tests at a server with \
-                 DATABASE_URL=postgres://USER@HOST:PORT/DB, or install PostgreSQL's server \
+                 started ({e}). Point DATABASE_URL at a server \
+                 (DATABASE_URL=postgres://USER@HOST:PORT/DB), or install PostgreSQL's server \
                  binaries (initdb, pg_ctl) so that one can be started."
-            ),
+            )),
         }
     })
     .clone()

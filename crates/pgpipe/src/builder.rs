@@ -65,14 +65,14 @@ impl PoolBuilder {
         self
     }
 
-    /// Most queries in flight on one shared connection. Default: 128.
+    /// Most queries in flight on one shared connection. Default: 64.
     pub fn max_pipeline_depth(mut self, depth: usize) -> Self {
         self.config.max_pipeline_depth = depth;
         self
     }
 
     /// How queries are spread over shared connections. Default:
-    /// [`Routing::Spread`].
+    /// [`Routing::Fill`].
     pub fn routing(mut self, routing: Routing) -> Self {
         self.config.routing = routing;
         self

@@ -52,7 +52,7 @@ pub(crate) async fn connect(config: &Config, state: Arc<ConnState>) -> Result<Co
     let addrs = config.get_hostaddrs();
     let count = hosts.len().max(addrs.len());
     if count == 0 {
-        return Err(connect_error(io::ErrorKind::InvalidInput, "no host given"));
+        return Err(connect_error("no host given"));
     }
     let mut last = None;
     for i in 0..count {
@@ -73,7 +73,7 @@ pub(crate) async fn connect(config: &Config, state: Arc<ConnState>) -> Result<Co
             Err(e) => last = Some(e),
         }
     }
-    Err(last.unwrap_or_else(|| connect_error(io::ErrorKind::InvalidInput, "no usable host")))
+    Err(last.unwrap_or_else(|| connect_error("no usable host")))
 }
 
 fn port_for(config: &Config, i: usize) -> u16 {
@@ -97,9 +97,7 @@ async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<Socket, 
                     Err(e) => last = Some(e),
                 }
             }
-            Err(last.unwrap_or_else(|| {
-                connect_error(io::ErrorKind::NotFound, "host resolved to no address")
-            }))
+            Err(last.unwrap_or_else(|| connect_error("host resolved to no address")))
         }
         #[cfg(unix)]
         Host::Unix(dir) => {
@@ -157,12 +155,8 @@ fn socket_error(e: io::Error) -> Error {
     )
 }
 
-fn connect_error(kind: io::ErrorKind, message: &str) -> Error {
-    Error::with_source(
-        ErrorKind::Connect,
-        message.to_string(),
-        io::Error::new(kind, message),
-    )
+fn connect_error(message: &str) -> Error {
+    Error::new(ErrorKind::Connect, message)
 }
 
 /// Runs the `target_session_attrs` check that `connect_raw` skips.
@@ -180,14 +174,12 @@ pub(crate) async fn check_session_attrs(config: &Config, client: &Client) -> Res
         _ => None,
     });
     match (wanted, read_only) {
-        (TargetSessionAttrs::ReadWrite, Some(true)) => Err(connect_error(
-            io::ErrorKind::PermissionDenied,
-            "database does not allow writes",
-        )),
-        (TargetSessionAttrs::ReadOnly, Some(false)) => Err(connect_error(
-            io::ErrorKind::PermissionDenied,
-            "database is not read only",
-        )),
+        (TargetSessionAttrs::ReadWrite, Some(true)) => {
+            Err(connect_error("database does not allow writes"))
+        }
+        (TargetSessionAttrs::ReadOnly, Some(false)) => {
+            Err(connect_error("database is not read only"))
+        }
         _ => Ok(()),
     }
 }

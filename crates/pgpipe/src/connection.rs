@@ -120,7 +120,7 @@ impl Drop for Claim {
         }
         self.pool.exclusive_claims.fetch_sub(1, Ordering::AcqRel);
         // The shared path may use one more connection now.
-        self.pool.shared.room.notify_waiters();
+        self.pool.dispatch();
     }
 }
 

@@ -267,6 +267,17 @@ fn is_fatal(db: &DbError) -> bool {
     matches!(db.severity(), "FATAL" | "PANIC")
 }
 
+impl Error {
+    /// The message without the kind's description in front.
+    pub(crate) fn detail(&self) -> String {
+        let full = self.to_string();
+        let prefix = self.0.kind.describe();
+        full.strip_prefix(prefix).map_or(full.clone(), |rest| {
+            rest.trim_start_matches(": ").to_string()
+        })
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0.kind.describe())?;
@@ -276,8 +287,8 @@ impl fmt::Display for Error {
         match &self.0.source {
             Some(Source::Pg(e)) => write_pg(f, e),
             Some(Source::SharedPg(e)) => write_pg(f, e),
-            Some(Source::Other(e)) if self.0.message.is_none() => write!(f, ": {e}"),
-            _ => Ok(()),
+            Some(Source::Other(e)) => write!(f, ": {e}"),
+            None => Ok(()),
         }
     }
 }

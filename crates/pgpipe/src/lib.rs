@@ -10,6 +10,7 @@ mod exec;
 mod gate;
 mod manager;
 mod pool;
+mod queue;
 mod session;
 mod shared;
 mod statement_cache;

@@ -1,7 +1,10 @@
 //! The deadpool manager: how connections are opened, checked and recycled.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 
 use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
 use tokio_postgres::Client;
@@ -9,7 +12,7 @@ use tokio_postgres::Client;
 use crate::connect;
 use crate::error::Error;
 use crate::statement_cache::StatementCache;
-use crate::wire::{CLOSED, ConnState, DEAD};
+use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK};
 
 /// A pooled connection: the client, what the tap sees of its wire, and its
 /// statement cache. Shared and exclusive use both borrow it from deadpool.
@@ -48,6 +51,50 @@ impl PgConn {
     }
 }
 
+/// Drives a connection's I/O, stepping aside once each time it is woken.
+///
+/// A query wakes its connection's task as it enqueues its request, and tokio
+/// runs a task woken that way next. The connection would then write that one
+/// request alone, while the tasks woken by the same burst of answers are
+/// still queued behind it, about to send theirs. Going to the back of the
+/// run queue once lets them enqueue first, so one write carries them all.
+/// This is the zero-length batch window: no timer, and on an idle runtime
+/// the task runs again at once. It only steps aside while the connection is
+/// shared by more than one query in flight; alone (or exclusive) there is
+/// nobody to wait for.
+struct StepAside<F> {
+    inner: Pin<Box<F>>,
+    state: Arc<ConnState>,
+    stepped: bool,
+}
+
+impl<F: Future> StepAside<F> {
+    fn new(inner: F, state: Arc<ConnState>) -> StepAside<F> {
+        StepAside {
+            inner: Box::pin(inner),
+            state,
+            stepped: true,
+        }
+    }
+}
+
+impl<F: Future> Future for StepAside<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        if !self.stepped && self.state.load.load(Ordering::Relaxed) & LOAD_MASK > 1 {
+            self.stepped = true;
+            // Waking itself while running sends the task to the back of the
+            // run queue (tokio treats it as a yield).
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let poll = self.inner.as_mut().poll(cx);
+        self.stepped = false;
+        poll
+    }
+}
+
 /// Opens and recycles [`PgConn`]s for deadpool.
 #[derive(Debug)]
 pub(crate) struct Manager {
@@ -67,7 +114,7 @@ impl managed::Manager for Manager {
             // The error, if any, reaches every request in flight through its
             // response channel; here only the fact that the link is gone
             // matters.
-            let _ = connection.await;
+            let _ = StepAside::new(connection, Arc::clone(&io_state)).await;
             io_state.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
         });
         connect::check_session_attrs(&self.config, &client).await?;

@@ -221,7 +221,7 @@ impl Pool {
             shared,
             exclusive,
             in_flight,
-            waiting: inner.shared.waiting.load(Ordering::Acquire),
+            waiting: inner.shared.queue.len(),
             exclusive_waiting,
         }
     }
@@ -236,7 +236,7 @@ impl Pool {
         inner.exclusive.close();
         inner.pg.close();
         inner.retire_all();
-        inner.shared.room.notify_waiters();
+        inner.shared.queue.fail_all(Error::closed);
     }
 
     /// True after [`close`](Pool::close).
@@ -277,6 +277,9 @@ async fn housekeeping(pool: Weak<PoolInner>) {
         pool.prune();
         pool.rebalance();
         pool.retire_idle(SHARED_IDLE_TICKS);
+        // A safety net: waiters are normally admitted the moment room
+        // appears.
+        pool.dispatch();
     }
 }
 

@@ -10,10 +10,10 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use deadpool::managed::{Object, Timeouts};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::Routing;
@@ -21,6 +21,7 @@ use crate::error::{Error, ErrorKind};
 use crate::gate::Gate;
 use crate::manager::{Manager, PgConn};
 use crate::pool::PoolInner;
+use crate::queue::{Handoff, WaitQueue};
 use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, SHARED};
 
 /// A connection on loan to the shared path. It goes back to deadpool when
@@ -84,41 +85,48 @@ pub(crate) struct SharedSet {
     /// Connections being opened for the shared path.
     opening: AtomicUsize,
     /// Queries waiting for room.
-    pub(crate) waiting: AtomicUsize,
-    /// Wakes waiting queries when room appears.
-    pub(crate) room: Notify,
-    /// Failed opens so far, and the last failure, for waiters to report.
-    open_failures: AtomicU64,
-    last_open_error: Mutex<Option<Error>>,
+    pub(crate) queue: WaitQueue,
+    /// The last failed open, while its back-off lasts.
+    failure: Mutex<Option<OpenFailure>>,
 }
 
-/// A query's place on a shared connection; frees it when dropped.
+/// A failed open: no new open starts until `retry_at`, and queries that
+/// find no shared connection fail at once with this error instead of
+/// hammering a server that is down.
+#[derive(Debug)]
+struct OpenFailure {
+    retry_at: Instant,
+    backoff: Duration,
+    kind: ErrorKind,
+    message: String,
+}
+
+/// Back-off after failed opens: doubling from the first to the last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(25);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// A query's place on a shared connection; frees it (or hands it to the
+/// longest-waiting query) when dropped.
 pub(crate) struct Slot<'a> {
     pub(crate) conn: Arc<SharedConn>,
     /// Queries in flight on the connection when this one was admitted.
     pub(crate) ahead: u64,
-    pool: &'a PoolInner,
+    pool: &'a Arc<PoolInner>,
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        let before = self.conn.state().load.fetch_sub(1, Ordering::AcqRel);
-        if before & LOAD_MASK == 1 {
-            let now = self.pool.clock.load(Ordering::Relaxed);
-            self.conn.idle_since.store(now, Ordering::Relaxed);
-        }
-        if self.pool.shared.waiting.load(Ordering::Acquire) > 0 {
-            self.pool.shared.room.notify_one();
-        }
+        self.pool.release(&self.conn);
     }
 }
 
-/// What the router decided for one query.
-enum Route<'a> {
-    /// Run on this slot.
-    Go(Slot<'a>),
-    /// Run on this slot, and open another connection for the queries to come.
-    GoAndOpen(Slot<'a>),
+/// What the router decided for one query. `Go` variants carry a place
+/// already claimed on the connection, and how many queries were ahead.
+enum Route {
+    /// Run on this connection.
+    Go(Arc<SharedConn>, u64),
+    /// Run on this connection, and open another for the queries to come.
+    GoAndOpen(Arc<SharedConn>, u64),
     /// Nothing has room, but a new connection may be opened.
     Open,
     /// Nothing has room: wait.
@@ -127,14 +135,14 @@ enum Route<'a> {
 
 impl PoolInner {
     /// Admits one query onto a shared connection, waiting (bounded in count
-    /// and time) when every connection is full.
+    /// and time, first come first served) when every connection is full.
     pub(crate) async fn reserve(self: &Arc<Self>) -> Result<Slot<'_>, Error> {
-        if self.shared.waiting.load(Ordering::Acquire) == 0 {
+        if self.shared.queue.len() == 0 {
             match self.route() {
-                Route::Go(slot) => return Ok(slot),
-                Route::GoAndOpen(slot) => {
+                Route::Go(conn, ahead) => return Ok(self.slot(conn, ahead)),
+                Route::GoAndOpen(conn, ahead) => {
                     self.spawn_open();
-                    return Ok(slot);
+                    return Ok(self.slot(conn, ahead));
                 }
                 Route::Open => self.spawn_open(),
                 Route::Wait => {}
@@ -143,53 +151,114 @@ impl PoolInner {
         self.reserve_slow().await
     }
 
-    async fn reserve_slow(self: &Arc<Self>) -> Result<Slot<'_>, Error> {
-        let deadline = Instant::now() + self.config.wait_timeout;
-        let capacity = self.config.queue_capacity;
-        let queued = self.shared.waiting.fetch_add(1, Ordering::AcqRel);
-        let _waiting = Waiting(&self.shared.waiting);
-        if queued >= capacity {
-            return Err(Error::queue_full(capacity));
+    fn slot(self: &Arc<Self>, conn: Arc<SharedConn>, ahead: u64) -> Slot<'_> {
+        Slot {
+            conn,
+            ahead,
+            pool: self,
         }
-        let failures_before = self.shared.open_failures.load(Ordering::Acquire);
-        loop {
-            let room = self.shared.room.notified();
-            tokio::pin!(room);
-            room.as_mut().enable();
-            if self.is_closed() {
-                return Err(Error::closed());
-            }
-            match self.route() {
-                Route::Go(slot) => return Ok(slot),
-                Route::GoAndOpen(slot) => {
-                    self.spawn_open();
-                    return Ok(slot);
-                }
-                Route::Open => self.spawn_open(),
-                Route::Wait => {}
-            }
-            if self.shared_limit() == 0 && self.claims_all_mine() {
-                return Err(Error::new(
-                    ErrorKind::Deadlock,
-                    "this task holds every connection the query could use (checked out \
-                     with pool.get()); run the query on that connection, or raise max_size",
-                ));
-            }
-            if let Some(error) = self.open_failed_since(failures_before) {
+    }
+
+    async fn reserve_slow(self: &Arc<Self>) -> Result<Slot<'_>, Error> {
+        if self.is_closed() {
+            return Err(Error::closed());
+        }
+        if self.shared_limit() == 0 && self.claims_all_mine() {
+            return Err(Error::new(
+                ErrorKind::Deadlock,
+                "this task holds every connection the query could use (checked out \
+                 with pool.get()); run the query on that connection, or raise max_size",
+            ));
+        }
+        if self.shared.conns.load().is_empty() {
+            if let Some(error) = self.open_backoff() {
                 return Err(error);
             }
-            if tokio::time::timeout_at(deadline, room).await.is_err() {
-                return Err(Error::timeout("room on a shared connection"));
+        }
+        let deadline = Instant::now() + self.config.wait_timeout;
+        let capacity = self.config.queue_capacity;
+        let Some((admission, _waiting)) = self.shared.queue.join(capacity) else {
+            return Err(Error::queue_full(capacity));
+        };
+        // Room may have appeared since the fast path looked, and a new
+        // connection may be needed: dispatch, possibly to this very waiter.
+        self.dispatch();
+        match tokio::time::timeout_at(deadline, admission).await {
+            Ok(Ok(Ok(handoff))) => {
+                let conn = handoff.take();
+                let ahead = (conn.load() & LOAD_MASK).saturating_sub(1);
+                Ok(self.slot(conn, ahead))
+            }
+            Ok(Ok(Err(error))) => Err(error),
+            Ok(Err(_)) => Err(Error::closed()),
+            Err(_) => Err(Error::timeout("room on a shared connection")),
+        }
+    }
+
+    /// Frees a query's place on `conn`, or hands it straight to the oldest
+    /// waiting query.
+    pub(crate) fn release(self: &Arc<Self>, conn: &Arc<SharedConn>) {
+        if self.shared.queue.len() > 0 && conn.load() & CLOSED == 0 {
+            let handoff = Handoff::new(Arc::clone(conn), Arc::clone(self));
+            match self.shared.queue.admit_oldest(Ok(handoff)) {
+                Ok(()) => return,
+                Err(Ok(handoff)) => drop(handoff.take()), // nobody waits after all
+                Err(Err(_)) => unreachable!("an admission is sent as it came"),
+            }
+        }
+        self.give_back(conn);
+        if self.shared.queue.len() > 0 {
+            // The place could not be handed on (its connection is closing):
+            // route the waiters elsewhere.
+            self.dispatch();
+        }
+    }
+
+    /// Admits waiting queries, oldest first, while any connection has room;
+    /// opens another connection when none has.
+    pub(crate) fn dispatch(self: &Arc<Self>) {
+        if self.is_closed() {
+            self.shared.queue.fail_all(Error::closed);
+            return;
+        }
+        while self.shared.queue.len() > 0 {
+            let (conn, _ahead) = match self.route() {
+                Route::Go(conn, ahead) => (conn, ahead),
+                Route::GoAndOpen(conn, ahead) => {
+                    self.spawn_open();
+                    (conn, ahead)
+                }
+                Route::Open => return self.spawn_open(),
+                Route::Wait => return,
+            };
+            let handoff = Handoff::new(conn, Arc::clone(self));
+            if let Err(Ok(handoff)) = self.shared.queue.admit_oldest(Ok(handoff)) {
+                // Everyone gave up meanwhile: give the place back.
+                self.give_back(&handoff.take());
+                return;
             }
         }
     }
 
+    /// Frees one place on `conn`, noting when it falls idle.
+    fn give_back(&self, conn: &SharedConn) {
+        let before = conn.state().load.fetch_sub(1, Ordering::AcqRel);
+        if before & LOAD_MASK == 1 {
+            let now = self.clock.load(Ordering::Relaxed);
+            conn.idle_since.store(now, Ordering::Relaxed);
+        }
+    }
+
     /// Picks a connection for one query; see [`Routing`].
-    fn route(&self) -> Route<'_> {
+    fn route(&self) -> Route {
         let max_depth = self.config.max_pipeline_depth as u64;
+        let fill = self.config.routing == Routing::Fill;
         for _ in 0..4 {
             let conns = self.shared.conns.load();
+            // Spread: the least loaded connection. Fill: the first (oldest)
+            // one with room, so that later ones drain and go back to idle.
             let mut best: Option<(&Arc<SharedConn>, u64)> = None;
+            let mut with_room = 0;
             let mut live = 0;
             let mut stale = false;
             for conn in conns.iter() {
@@ -200,7 +269,15 @@ impl PoolInner {
                 }
                 live += 1;
                 let n = load & LOAD_MASK;
-                if n < max_depth && best.is_none_or(|(_, m)| n < m) {
+                if n >= max_depth {
+                    continue;
+                }
+                with_room += 1;
+                let better = match best {
+                    None => true,
+                    Some((_, m)) => !fill && n < m,
+                };
+                if better {
                     best = Some((conn, n));
                 }
             }
@@ -219,19 +296,16 @@ impl PoolInner {
             let Some(ahead) = conn.admit(max_depth) else {
                 continue; // lost a race for its last place; look again
             };
-            let slot = Slot {
-                conn: Arc::clone(conn),
-                ahead,
-                pool: self,
-            };
-            let busy = match self.config.routing {
-                Routing::Spread => ahead > 0,
-                Routing::Fill => ahead + 1 >= max_depth,
-            };
-            return if busy && room_to_open {
-                Route::GoAndOpen(slot)
+            let busy = if fill {
+                with_room == 1 && ahead + 1 >= max_depth
             } else {
-                Route::Go(slot)
+                ahead > 0
+            };
+            let conn = Arc::clone(conn);
+            return if busy && room_to_open {
+                Route::GoAndOpen(conn, ahead)
+            } else {
+                Route::Go(conn, ahead)
             };
         }
         Route::Wait
@@ -245,20 +319,75 @@ impl PoolInner {
             .saturating_sub(self.exclusive_claims.load(Ordering::Acquire))
     }
 
+    /// The error of the last failed open, while its back-off lasts.
+    fn open_backoff(&self) -> Option<Error> {
+        let failure = self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let failure = failure.as_ref()?;
+        (Instant::now() < failure.retry_at).then(|| {
+            Error::new(
+                failure.kind,
+                format!("no shared connection could be opened: {}", failure.message),
+            )
+        })
+    }
+
+    fn record_open(&self, result: Result<(), &Error>) {
+        let mut failure = self
+            .shared
+            .failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        *failure = match result {
+            Ok(()) => None,
+            Err(error) => {
+                let backoff = failure
+                    .as_ref()
+                    .map_or(BACKOFF_FIRST, |f| (f.backoff * 2).min(BACKOFF_MAX));
+                Some(OpenFailure {
+                    retry_at: Instant::now() + backoff,
+                    backoff,
+                    kind: error.kind(),
+                    message: error.detail(),
+                })
+            }
+        };
+    }
+
     /// Starts opening one more shared connection, unless that would exceed
-    /// the limit.
+    /// the limit or a recent open failed.
     fn spawn_open(self: &Arc<Self>) {
+        if self.open_backoff().is_some() {
+            return;
+        }
         let live = self.shared.conns.load().len();
         let limit = self.shared_limit();
+        // Connections already being opened will take `max_pipeline_depth`
+        // queries each: open another only if the waiters need more.
+        let wanted = self.shared.queue.len() + 1;
+        let depth = self.config.max_pipeline_depth;
         let claimed =
             self.shared
                 .opening
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |opening| {
-                    (live + opening < limit).then_some(opening + 1)
+                    (live + opening < limit && opening * depth < wanted).then_some(opening + 1)
                 });
-        if claimed.is_ok() {
-            let pool = Arc::clone(self);
-            tokio::spawn(async move { pool.open_shared().await });
+        if claimed.is_err() {
+            return;
+        }
+        // Dropping a checkout or a slot may land here outside any runtime;
+        // then the next query opens the connection instead.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let pool = Arc::clone(self);
+                runtime.spawn(async move { pool.open_shared().await });
+            }
+            Err(_) => {
+                self.shared.opening.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 
@@ -274,26 +403,38 @@ impl PoolInner {
         };
         match result {
             Ok(Some(conn)) => {
-                let _edit = self.shared.edit.lock().unwrap_or_else(|e| e.into_inner());
-                let mut conns = Vec::clone(&self.shared.conns.load());
-                conns.push(conn);
-                self.shared.conns.store(Arc::new(conns));
+                self.record_open(Ok(()));
+                {
+                    let _edit = self.shared.edit.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut conns = Vec::clone(&self.shared.conns.load());
+                    conns.push(conn);
+                    self.shared.conns.store(Arc::new(conns));
+                }
+                self.shared.opening.fetch_sub(1, Ordering::AcqRel);
             }
-            Ok(None) => {}
+            Ok(None) => {
+                self.shared.opening.fetch_sub(1, Ordering::AcqRel);
+            }
             Err(error) => {
-                *self
-                    .shared
-                    .last_open_error
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner()) = Some(error);
-                self.shared.open_failures.fetch_add(1, Ordering::AcqRel);
+                self.record_open(Err(&error));
+                self.shared.opening.fetch_sub(1, Ordering::AcqRel);
+                // With no connection to wait for, waiting queries learn now
+                // why, instead of at their timeout.
+                if self.shared.conns.load().is_empty() {
+                    let (kind, message) = (error.kind(), error.detail());
+                    self.shared.queue.fail_all(|| {
+                        Error::new(
+                            kind,
+                            format!("no shared connection could be opened: {message}"),
+                        )
+                    });
+                }
             }
         }
-        self.shared.opening.fetch_sub(1, Ordering::AcqRel);
-        self.shared.room.notify_waiters();
         if self.is_closed() {
             self.retire_all();
         }
+        self.dispatch();
     }
 
     /// Readies a connection from deadpool for sharing: cleans the session an
@@ -315,30 +456,6 @@ impl PoolInner {
             gate: Gate::default(),
             idle_since: AtomicU64::new(self.clock.load(Ordering::Relaxed)),
         })))
-    }
-
-    /// The error to report if an open failed since `failures_before` and no
-    /// shared connection is left to wait for.
-    fn open_failed_since(&self, failures_before: u64) -> Option<Error> {
-        let failed = self.shared.open_failures.load(Ordering::Acquire) != failures_before;
-        let nothing_to_wait_for =
-            self.shared.conns.load().is_empty() && self.shared.opening.load(Ordering::Acquire) == 0;
-        if !(failed && nothing_to_wait_for) {
-            return None;
-        }
-        let last = self
-            .shared
-            .last_open_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let message = last
-            .as_ref()
-            .map_or_else(|| "unknown error".to_string(), ToString::to_string);
-        let kind = last.as_ref().map_or(ErrorKind::Connect, Error::kind);
-        Some(Error::new(
-            kind,
-            format!("no shared connection could be opened: {message}"),
-        ))
     }
 
     /// Takes `conn` out of routing; it returns to deadpool when its last
@@ -407,15 +524,6 @@ impl PoolInner {
     }
 }
 
-/// Counts a waiting query for as long as it waits.
-struct Waiting<'a>(&'a AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
 impl std::fmt::Debug for SharedConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SharedConn")
@@ -430,7 +538,7 @@ impl std::fmt::Debug for SharedSet {
         f.debug_struct("SharedSet")
             .field("conns", &self.conns.load().len())
             .field("opening", &self.opening.load(Ordering::Relaxed))
-            .field("waiting", &self.waiting.load(Ordering::Relaxed))
+            .field("waiting", &self.queue.len())
             .finish_non_exhaustive()
     }
 }

@@ -1,0 +1,557 @@
+//! `pgpipe-bench`: pgpipe against deadpool-postgres and a shared
+//! tokio-postgres client, side by side in one run, at injected round-trip
+//! times.
+//!
+//! ```text
+//! cargo run --release -p pgpipe-bench -- --quick      # about a minute
+//! cargo run --release -p pgpipe-bench -- --full       # the whole sweep
+//! cargo run --release -p pgpipe-bench -- --quick --smoke   # seconds; CI
+//! ```
+//!
+//! The server comes from `DATABASE_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/postgres`). Round trips are injected
+//! by a proxy on its own real-time thread; a delay of 0 connects directly.
+//! Output: a Markdown table on stdout, JSON lines (`--out`) and an SVG chart
+//! (`--chart`). `--help` lists every option.
+
+mod pgbench;
+mod report;
+mod sysstat;
+mod targets;
+mod workload;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgpipe_proxy::Proxy;
+use pgpipe_test_support::{try_database_url, with_param};
+use report::Record;
+use sysstat::Cpu;
+use targets::{Kind, Target, Tuning};
+use workload::{Window, Workload};
+
+const HELP: &str = "\
+pgpipe-bench: pgpipe against deadpool-postgres and a shared tokio-postgres client
+
+USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
+
+  --quick            echo workload, loopback and 1 ms RTT, 1/64/512 tasks, 1 round (default)
+  --full             all workloads, loopback/1 ms/5 ms RTT, 3 rounds, open loop, pgbench
+  --smoke            a few seconds; exits non-zero on any mismatch or error (CI)
+  --rounds N         rounds per cell; tables show the median round
+  --duration SECS    measured seconds per cell
+  --warmup SECS      unmeasured seconds before each cell
+  --workloads LIST   echo,web,head-of-line,writes
+  --delays-us LIST   one-way delays in microseconds (0 = direct)
+  --tasks LIST       concurrent tasks, e.g. 1,64,512
+  --targets TEXT     only targets whose name contains TEXT
+  --rates LIST       open-loop rates (requests/s) for the echo workload
+  --out PATH         JSON lines (default bench-results/results.jsonl)
+  --chart PATH       SVG chart (default bench-results/throughput.svg)
+  --no-pgbench       skip the pgbench ceiling
+  --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
+  --routing R        pgpipe: spread or fill
+  --window-us N      pgpipe: batch_window in microseconds
+";
+
+/// What to run.
+#[derive(Debug, Clone)]
+struct Plan {
+    workloads: Vec<Workload>,
+    delays_us: Vec<u64>,
+    tasks: Vec<u64>,
+    rounds: u32,
+    duration: Duration,
+    warmup: Duration,
+    rates: Vec<f64>,
+    targets: Vec<Kind>,
+    pgbench: Option<Duration>,
+    smoke: bool,
+    out: PathBuf,
+    chart: PathBuf,
+    tuning: Tuning,
+}
+
+impl Plan {
+    fn quick() -> Plan {
+        Plan {
+            workloads: vec![Workload::Echo],
+            delays_us: vec![0, 500],
+            tasks: vec![1, 64, 512],
+            rounds: 1,
+            duration: Duration::from_millis(1000),
+            warmup: Duration::from_millis(300),
+            rates: Vec::new(),
+            targets: Kind::ALL.to_vec(),
+            pgbench: Some(Duration::from_secs(2)),
+            smoke: false,
+            out: PathBuf::from("bench-results/results.jsonl"),
+            chart: PathBuf::from("bench-results/throughput.svg"),
+            tuning: Tuning::default(),
+        }
+    }
+
+    fn full() -> Plan {
+        Plan {
+            workloads: Workload::ALL.to_vec(),
+            delays_us: vec![0, 500, 2500],
+            rounds: 3,
+            duration: Duration::from_secs(2),
+            warmup: Duration::from_millis(500),
+            rates: vec![2_000.0, 8_000.0],
+            pgbench: Some(Duration::from_secs(5)),
+            ..Plan::quick()
+        }
+    }
+
+    fn parse(args: &[String]) -> Result<Plan, String> {
+        let mut plan = if args.iter().any(|a| a == "--full") {
+            Plan::full()
+        } else {
+            Plan::quick()
+        };
+        let mut it = args.iter();
+        while let Some(arg) = it.next() {
+            let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
+            match arg.as_str() {
+                "--quick" | "--full" => {}
+                "--smoke" => {
+                    plan.smoke = true;
+                    plan.tasks = vec![64];
+                    plan.duration = Duration::from_millis(300);
+                    plan.warmup = Duration::from_millis(100);
+                    plan.rounds = 1;
+                    plan.rates.clear();
+                    plan.pgbench = None;
+                }
+                "--rounds" => plan.rounds = parse_one(&value()?)?,
+                "--duration" => plan.duration = Duration::from_secs_f64(parse_one(&value()?)?),
+                "--warmup" => plan.warmup = Duration::from_secs_f64(parse_one(&value()?)?),
+                "--workloads" => {
+                    plan.workloads = value()?
+                        .split(',')
+                        .map(|w| Workload::parse(w).ok_or(format!("unknown workload {w}")))
+                        .collect::<Result<_, _>>()?;
+                }
+                "--delays-us" => plan.delays_us = parse_list(&value()?)?,
+                "--tasks" => plan.tasks = parse_list(&value()?)?,
+                "--rates" => plan.rates = parse_list(&value()?)?,
+                "--targets" => {
+                    let filter = value()?;
+                    plan.targets.retain(|k| k.name().contains(&filter));
+                }
+                "--out" => plan.out = PathBuf::from(value()?),
+                "--chart" => plan.chart = PathBuf::from(value()?),
+                "--no-pgbench" => plan.pgbench = None,
+                "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
+                "--window-us" => {
+                    plan.tuning.window = Some(Duration::from_micros(parse_one(&value()?)?));
+                }
+                "--routing" => {
+                    plan.tuning.routing = Some(match value()?.as_str() {
+                        "spread" => pgpipe::Routing::Spread,
+                        "fill" => pgpipe::Routing::Fill,
+                        other => return Err(format!("unknown routing {other}")),
+                    });
+                }
+                other => return Err(format!("unknown option {other}\n\n{HELP}")),
+            }
+        }
+        if plan.rounds == 0 || plan.targets.is_empty() || plan.tasks.is_empty() {
+            return Err("nothing to run".into());
+        }
+        Ok(plan)
+    }
+}
+
+fn parse_one<T: std::str::FromStr>(s: &str) -> Result<T, String> {
+    s.trim().parse().map_err(|_| format!("not a number: {s}"))
+}
+
+fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
+    s.split(',').map(parse_one).collect()
+}
+
+/// The server, split into the parts the proxy and pgbench need.
+#[derive(Debug, Clone)]
+struct Server {
+    url: String,
+    host: String,
+    port: u16,
+    user: String,
+    db: String,
+}
+
+impl Server {
+    fn from_url(url: String) -> Result<Server, String> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
+        let host = match config.get_hosts().first() {
+            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+            _ => return Err("the benchmark needs a TCP host in DATABASE_URL".into()),
+        };
+        Ok(Server {
+            port: config.get_ports().first().copied().unwrap_or(5432),
+            user: config.get_user().unwrap_or("postgres").to_string(),
+            db: config.get_dbname().unwrap_or("postgres").to_string(),
+            host,
+            url,
+        })
+    }
+
+    fn via(&self, proxy: &Proxy) -> String {
+        format!("postgres://{}@{}/{}", self.user, proxy.addr(), self.db)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        print!("{HELP}");
+        return ExitCode::SUCCESS;
+    }
+    let plan = match Plan::parse(&args) {
+        Ok(plan) => plan,
+        Err(message) => {
+            eprintln!("{message}");
+            return ExitCode::from(2);
+        }
+    };
+    let server = match try_database_url().and_then(Server::from_url) {
+        Ok(server) => server,
+        Err(message) => {
+            eprintln!("pgpipe-bench: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&plan, &server, &args).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("pgpipe-bench: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the plan; `Ok(false)` when any answer was wrong (or, with
+/// `--smoke`, any query failed).
+async fn run(
+    plan: &Plan,
+    server: &Server,
+    args: &[String],
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let (admin, connection) = tokio_postgres::connect(&server.url, tokio_postgres::NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to {}:{}: {e}", server.host, server.port))?;
+    tokio::spawn(connection);
+    let version: String = admin.query_one("SHOW server_version", &[]).await?.get(0);
+    let table: Arc<str> = Arc::from(format!("pgpipe_bench_writes_{}", std::process::id()));
+    admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (task int8, n int8)"
+        ))
+        .await?;
+    let proxy = Arc::new(Proxy::builder(format!("{}:{}", server.host, server.port)).start()?);
+
+    print_header(plan, server, &version, &proxy, args);
+    let mut records = Vec::new();
+    for &delay in &plan.delays_us {
+        proxy.set_delay(Duration::from_micros(delay));
+        let url = if delay == 0 {
+            server.url.clone()
+        } else {
+            server.via(&proxy)
+        };
+        let via = (delay > 0).then(|| Arc::clone(&proxy));
+        for &workload in &plan.workloads {
+            for round in 0..plan.rounds {
+                for &tasks in &plan.tasks {
+                    let mut order = plan.targets.clone();
+                    let shift = round as usize % order.len();
+                    order.rotate_left(shift);
+                    for kind in order {
+                        let cell = Cell {
+                            kind,
+                            workload,
+                            tasks,
+                            delay,
+                            round,
+                            rate: None,
+                        };
+                        records.push(cell.run(plan, &url, via.clone(), &table, &admin).await?);
+                    }
+                }
+            }
+            if workload == Workload::Echo {
+                for &rate in &plan.rates {
+                    for round in 0..plan.rounds {
+                        for &kind in &plan.targets {
+                            let cell = Cell {
+                                kind,
+                                workload,
+                                tasks: 0,
+                                delay,
+                                round,
+                                rate: Some(rate),
+                            };
+                            records.push(cell.run(plan, &url, via.clone(), &table, &admin).await?);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    admin
+        .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+        .await?;
+
+    let medians = report::medians(&records);
+    let order: Vec<String> = plan.targets.iter().map(|k| k.name()).collect();
+    println!("{}", report::markdown(&medians, &order));
+    if let Some(duration) = plan.pgbench {
+        print_pgbench(server, &proxy, &plan.delays_us, duration);
+    }
+    report::write_json_lines(&plan.out, &records)?;
+    eprintln!("wrote {}", plan.out.display());
+    if !plan.smoke {
+        let chart_workload = plan.workloads.first().map_or("echo", |w| w.name());
+        report::chart(&plan.chart, &medians, chart_workload, &order)?;
+        eprintln!("wrote {}", plan.chart.display());
+    }
+    let mismatches: u64 = records.iter().map(|r| r.mismatches).sum();
+    let errors: u64 = records.iter().map(|r| r.errors).sum();
+    println!(
+        "mismatches: {mismatches} (answers delivered to the wrong caller or wrong); errors: {errors}"
+    );
+    for r in records.iter().filter(|r| r.errors > 0).take(5) {
+        println!(
+            "  first error for {} ({} tasks): {}",
+            r.target,
+            r.tasks,
+            r.first_error.as_deref().unwrap_or("?")
+        );
+    }
+    Ok(mismatches == 0 && !(plan.smoke && errors > 0))
+}
+
+fn print_header(plan: &Plan, server: &Server, version: &str, proxy: &Proxy, args: &[String]) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    println!("## pgpipe-bench");
+    println!();
+    println!(
+        "`pgpipe-bench {}` · {cores} cores · Linux {} · PostgreSQL {version} at {}:{} · \
+         {} s measured per cell after {} s warm-up, {} round(s), median shown · \
+         proxy SCHED_FIFO: {}",
+        args.join(" "),
+        kernel.trim(),
+        server.host,
+        server.port,
+        plan.duration.as_secs_f64(),
+        plan.warmup.as_secs_f64(),
+        plan.rounds,
+        if proxy.realtime() { "yes" } else { "no" },
+    );
+}
+
+fn print_pgbench(server: &Server, proxy: &Proxy, delays: &[u64], duration: Duration) {
+    println!(
+        "\n#### Server-bound ceiling: pgbench, 4 clients, 50 `SELECT 1` per pipeline (one Sync per 50)\n"
+    );
+    println!("| path | statements/s |\n|---|---|");
+    for &delay in delays {
+        proxy.set_delay(Duration::from_micros(delay));
+        let (host, port, label) = if delay == 0 {
+            (
+                server.host.clone(),
+                server.port,
+                "loopback (direct)".to_string(),
+            )
+        } else {
+            let addr = proxy.addr();
+            (
+                addr.ip().to_string(),
+                addr.port(),
+                format!("RTT {} ms (proxy)", delay as f64 * 2.0 / 1000.0),
+            )
+        };
+        match pgbench::ceiling(&host, port, &server.user, &server.db, 4, duration) {
+            Some(rate) => println!("| {label} | {rate:.0} |"),
+            None => println!("| {label} | pgbench not available |"),
+        }
+    }
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Copy)]
+struct Cell {
+    kind: Kind,
+    workload: Workload,
+    tasks: u64,
+    delay: u64,
+    round: u32,
+    rate: Option<f64>,
+}
+
+impl Cell {
+    async fn run(
+        self,
+        plan: &Plan,
+        url: &str,
+        proxy: Option<Arc<Proxy>>,
+        table: &Arc<str>,
+        admin: &tokio_postgres::Client,
+    ) -> Result<Record, Box<dyn std::error::Error>> {
+        let app = format!("pgpipe_bench_{}", self.kind.tag());
+        let url = with_param(url, "application_name", &app);
+        let target = Arc::new(
+            Target::open(
+                self.kind,
+                &url,
+                &self.workload.statements(table),
+                plan.tuning,
+            )
+            .await
+            .map_err(|e| format!("{}: {e}", self.kind.name()))?,
+        );
+        let start = Instant::now();
+        let window = Window {
+            from: start + plan.warmup,
+            until: start + plan.warmup + plan.duration,
+        };
+        let sampler = tokio::spawn(sample(window, proxy.clone()));
+        let measured = match self.rate {
+            None => {
+                workload::closed_loop(
+                    Arc::clone(&target),
+                    self.workload,
+                    Arc::clone(table),
+                    self.tasks,
+                    window,
+                )
+                .await
+            }
+            Some(rate) => {
+                workload::open_loop(
+                    Arc::clone(&target),
+                    self.workload,
+                    Arc::clone(table),
+                    rate,
+                    start,
+                    window,
+                )
+                .await
+            }
+        };
+        let (cpu, proxy_stats) = sampler.await?;
+        let connections: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .await?
+            .get(0);
+        target.close();
+        drop(target);
+        wait_for_disconnect(admin, &app).await;
+
+        let seconds = plan.duration.as_secs_f64();
+        let queries = measured.requests * self.workload.queries_per_request();
+        let per_query = |d: Duration| d.as_secs_f64() * 1e6 / queries.max(1) as f64;
+        let hol = self.workload == Workload::HeadOfLine;
+        let record = Record {
+            workload: self.workload.name().into(),
+            mode: if self.rate.is_some() {
+                "open"
+            } else {
+                "closed"
+            }
+            .into(),
+            rate: self.rate,
+            delay_us: self.delay,
+            target: self.kind.name(),
+            tasks: self.tasks,
+            round: self.round,
+            seconds,
+            queries_per_sec: queries as f64 / seconds,
+            requests_per_sec: measured.requests as f64 / seconds,
+            p50_ms: workload::quantile_ms(&measured.latencies, 0.50),
+            p99_ms: workload::quantile_ms(&measured.latencies, 0.99),
+            p999_ms: workload::quantile_ms(&measured.latencies, 0.999),
+            slow_p99_ms: hol.then(|| workload::quantile_ms(&measured.slow_latencies, 0.99)),
+            slow_per_sec: hol.then(|| measured.slow_latencies.len() as f64 / seconds),
+            errors: measured.errors,
+            first_error: measured.first_error,
+            mismatches: measured.mismatches,
+            dropped: measured.dropped,
+            connections: connections as u64,
+            client_cpu_us_per_query: per_query(cpu.client),
+            server_cpu_us_per_query: per_query(cpu.server),
+            proxy_cpu_share: proxy.as_ref().map(|_| cpu.proxy.as_secs_f64() / seconds),
+            proxy_realtime: proxy.as_ref().map(|p| p.realtime()),
+            syncs_per_write: proxy_stats.map(|(syncs, writes)| syncs as f64 / writes.max(1) as f64),
+        };
+        eprintln!(
+            "{:>12} {:>18} {:>5} tasks {:>7}: {:>8.0} q/s  p50 {:>6.2} ms  p99 {:>7.2} ms  conns {}  errors {}  mismatches {}",
+            record.workload,
+            record.target,
+            record.tasks,
+            if self.delay == 0 {
+                "direct".into()
+            } else {
+                format!("{}µs", self.delay)
+            },
+            record.queries_per_sec,
+            record.p50_ms,
+            record.p99_ms,
+            record.connections,
+            record.errors,
+            record.mismatches,
+        );
+        Ok(record)
+    }
+}
+
+/// CPU used during the window, and the proxy's Syncs and Sync-carrying
+/// chunks upstream.
+async fn sample(window: Window, proxy: Option<Arc<Proxy>>) -> (Cpu, Option<(u64, u64)>) {
+    let upstream = |p: &Proxy| {
+        let up = p.stats().upstream;
+        (up.messages, up.chunks_with_messages)
+    };
+    tokio::time::sleep_until(window.from.into()).await;
+    let cpu_before = Cpu::now(proxy.as_deref());
+    let proxy_before = proxy.as_deref().map(upstream);
+    tokio::time::sleep_until(window.until.into()).await;
+    let cpu = Cpu::now(proxy.as_deref()).since(cpu_before);
+    let proxy_delta = proxy
+        .as_deref()
+        .map(upstream)
+        .zip(proxy_before)
+        .map(|(after, before)| (after.0 - before.0, after.1 - before.1));
+    (cpu, proxy_delta)
+}
+
+/// Waits (up to 3 s) until the cell's connections have left the server, so
+/// they do not cost the next cell anything.
+async fn wait_for_disconnect(admin: &tokio_postgres::Client, app: &str) {
+    for _ in 0..300 {
+        let left: i64 = match admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .await
+        {
+            Ok(row) => row.get(0),
+            Err(_) => return,
+        };
+        if left == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

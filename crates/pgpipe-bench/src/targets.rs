@@ -1,0 +1,176 @@
+//! The pools under test, behind one interface.
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row, Statement};
+
+/// Which pool, and how big.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// pgpipe with pipelining on.
+    PgpipeOn(usize),
+    /// pgpipe with pipelining off: one exclusive connection per query.
+    PgpipeOff(usize),
+    /// deadpool-postgres with `prepare_cached`.
+    Deadpool(usize),
+    /// One tokio-postgres client shared by every task (its own pipelining).
+    SharedClient,
+}
+
+impl Kind {
+    /// The targets every run compares.
+    pub(crate) const ALL: [Kind; 7] = [
+        Kind::PgpipeOn(1),
+        Kind::PgpipeOn(4),
+        Kind::PgpipeOff(4),
+        Kind::PgpipeOff(16),
+        Kind::Deadpool(4),
+        Kind::Deadpool(16),
+        Kind::SharedClient,
+    ];
+
+    pub(crate) fn name(self) -> String {
+        match self {
+            Kind::PgpipeOn(n) => format!("pgpipe on ({n})"),
+            Kind::PgpipeOff(n) => format!("pgpipe off ({n})"),
+            Kind::Deadpool(n) => format!("deadpool ({n})"),
+            Kind::SharedClient => "shared client (1)".into(),
+        }
+    }
+
+    /// A short tag for application names and JSON.
+    pub(crate) fn tag(self) -> String {
+        match self {
+            Kind::PgpipeOn(n) => format!("pgpipe_on_{n}"),
+            Kind::PgpipeOff(n) => format!("pgpipe_off_{n}"),
+            Kind::Deadpool(n) => format!("deadpool_{n}"),
+            Kind::SharedClient => "shared_client".into(),
+        }
+    }
+}
+
+/// pgpipe settings to try (the defaults when unset).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tuning {
+    pub(crate) depth: Option<usize>,
+    pub(crate) routing: Option<pgpipe::Routing>,
+    pub(crate) window: Option<std::time::Duration>,
+}
+
+/// A pool ready to run queries.
+pub(crate) enum Target {
+    Pgpipe(pgpipe::Pool),
+    Deadpool(deadpool_postgres::Pool),
+    Shared(SharedClient),
+}
+
+/// One client and the statements prepared on it.
+pub(crate) struct SharedClient {
+    client: Arc<tokio_postgres::Client>,
+    statements: HashMap<String, Statement>,
+}
+
+pub(crate) type BoxError = Box<dyn Error + Send + Sync>;
+
+impl Target {
+    /// Builds the pool for `kind` against `url`, preparing `statements` where
+    /// the target needs them up front.
+    pub(crate) async fn open(
+        kind: Kind,
+        url: &str,
+        statements: &[String],
+        tuning: Tuning,
+    ) -> Result<Target, BoxError> {
+        Ok(match kind {
+            Kind::PgpipeOn(n) | Kind::PgpipeOff(n) => {
+                let mut builder = pgpipe::Pool::builder()
+                    .url(url)
+                    .max_size(n)
+                    .pipelining(matches!(kind, Kind::PgpipeOn(_)))
+                    .queue_capacity(100_000);
+                if let (Kind::PgpipeOn(_), Some(depth)) = (kind, tuning.depth) {
+                    builder = builder.max_pipeline_depth(depth);
+                }
+                if let (Kind::PgpipeOn(_), Some(routing)) = (kind, tuning.routing) {
+                    builder = builder.routing(routing);
+                }
+                if let (Kind::PgpipeOn(_), Some(window)) = (kind, tuning.window) {
+                    builder = builder.batch_window(window);
+                }
+                Target::Pgpipe(builder.build()?)
+            }
+            Kind::Deadpool(n) => {
+                let config: tokio_postgres::Config = url.parse()?;
+                let manager = deadpool_postgres::Manager::from_config(
+                    config,
+                    NoTls,
+                    deadpool_postgres::ManagerConfig {
+                        recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+                    },
+                );
+                Target::Deadpool(
+                    deadpool_postgres::Pool::builder(manager)
+                        .max_size(n)
+                        .build()?,
+                )
+            }
+            Kind::SharedClient => {
+                let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+                tokio::spawn(connection);
+                let mut prepared = HashMap::new();
+                for sql in statements {
+                    prepared.insert(sql.clone(), client.prepare(sql).await?);
+                }
+                Target::Shared(SharedClient {
+                    client: Arc::new(client),
+                    statements: prepared,
+                })
+            }
+        })
+    }
+
+    /// Runs one query.
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, BoxError> {
+        match self {
+            Target::Pgpipe(pool) => Ok(pool.query(sql, params).await?),
+            Target::Deadpool(pool) => {
+                let client = pool.get().await?;
+                let statement = client.prepare_cached(sql).await?;
+                Ok(client.query(&statement, params).await?)
+            }
+            Target::Shared(shared) => {
+                let statement = shared
+                    .statements
+                    .get(sql)
+                    .ok_or("statement not prepared up front")?;
+                Ok(shared.client.query(statement, params).await?)
+            }
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        match self {
+            Target::Pgpipe(pool) => pool.close(),
+            Target::Deadpool(pool) => pool.close(),
+            Target::Shared(_) => {}
+        }
+    }
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Pgpipe(pool) => pool.fmt(f),
+            Target::Deadpool(pool) => f.debug_tuple("Deadpool").field(&pool.status()).finish(),
+            Target::Shared(_) => f.write_str("SharedClient"),
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! What the benchmark asks of each pool, and how answers are timed.
+//!
+//! Closed loop: each task sends a request and waits for its answer before
+//! the next; throughput is what the pool sustains. Open loop: requests
+//! arrive at a fixed rate whatever the answers do, and each request's
+//! latency counts from when it was due, so queueing delay is not hidden
+//! (coordinated omission).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::targets::{BoxError, Target};
+
+/// One kind of request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// `SELECT $1::int8`, every answer checked against its caller.
+    Echo,
+    /// A web request: three independent queries issued concurrently.
+    Web,
+    /// Echo, with 1% of the queries `pg_sleep(0.02)`.
+    HeadOfLine,
+    /// Single-row `INSERT`s into an unlogged table.
+    Writes,
+}
+
+const ECHO: &str = "SELECT $1::int8";
+const WEB: [&str; 3] = [
+    "SELECT $1::int8 AS user_id",
+    "SELECT $1::int8 + 1 AS cart_id",
+    "SELECT $1::int8 + 2 AS offer_id",
+];
+const SLOW: &str = "SELECT $1::int8 FROM pg_sleep(0.02)";
+
+impl Workload {
+    pub(crate) const ALL: [Workload; 4] = [
+        Workload::Echo,
+        Workload::Web,
+        Workload::HeadOfLine,
+        Workload::Writes,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::Echo => "echo",
+            Workload::Web => "web",
+            Workload::HeadOfLine => "head-of-line",
+            Workload::Writes => "writes",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
+    }
+
+    /// Every SQL text the workload sends (for targets that prepare up front).
+    pub(crate) fn statements(self, table: &str) -> Vec<String> {
+        match self {
+            Workload::Echo => vec![ECHO.into()],
+            Workload::Web => WEB.iter().map(|s| s.to_string()).collect(),
+            Workload::HeadOfLine => vec![ECHO.into(), SLOW.into()],
+            Workload::Writes => vec![insert_sql(table)],
+        }
+    }
+
+    /// Queries per request.
+    pub(crate) fn queries_per_request(self) -> u64 {
+        match self {
+            Workload::Web => 3,
+            _ => 1,
+        }
+    }
+}
+
+fn insert_sql(table: &str) -> String {
+    format!("INSERT INTO {table} (task, n) VALUES ($1, $2) RETURNING n")
+}
+
+/// What one request did.
+#[derive(Debug, Default, Clone, Copy)]
+struct Answer {
+    mismatches: u64,
+    slow: bool,
+}
+
+/// Sends request number `n` of task `task`, checking every answer.
+async fn request(
+    target: &Target,
+    workload: Workload,
+    table: &str,
+    task: u64,
+    n: u64,
+) -> Result<Answer, BoxError> {
+    let value = ((task << 32) | (n & 0xffff_ffff)) as i64;
+    let mut answer = Answer::default();
+    let check = |rows: Vec<tokio_postgres::Row>, expected: i64| -> u64 {
+        let got: Option<i64> = rows.first().map(|row| row.get(0));
+        u64::from(got != Some(expected))
+    };
+    match workload {
+        Workload::Echo => {
+            answer.mismatches = check(target.query(ECHO, &[&value]).await?, value);
+        }
+        Workload::Web => {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&value];
+            let (a, b, c) = tokio::join!(
+                target.query(WEB[0], &params),
+                target.query(WEB[1], &params),
+                target.query(WEB[2], &params),
+            );
+            answer.mismatches = check(a?, value) + check(b?, value + 1) + check(c?, value + 2);
+        }
+        Workload::HeadOfLine => {
+            // Deterministic 1%: the same requests are slow for every target.
+            answer.slow = (task * 7919 + n) % 100 == 0;
+            let sql = if answer.slow { SLOW } else { ECHO };
+            answer.mismatches = check(target.query(sql, &[&value]).await?, value);
+        }
+        Workload::Writes => {
+            let (task_id, n_id) = (task as i64, n as i64);
+            let rows = target.query(&insert_sql(table), &[&task_id, &n_id]).await?;
+            answer.mismatches = check(rows, n_id);
+        }
+    }
+    Ok(answer)
+}
+
+/// What a run measured.
+#[derive(Debug, Default)]
+pub(crate) struct Measured {
+    /// Requests started inside the window and answered.
+    pub(crate) requests: u64,
+    pub(crate) mismatches: u64,
+    pub(crate) errors: u64,
+    pub(crate) first_error: Option<String>,
+    /// Request latencies in microseconds (fast requests only for
+    /// head-of-line), sorted.
+    pub(crate) latencies: Vec<u32>,
+    /// Slow requests' latencies (head-of-line), sorted.
+    pub(crate) slow_latencies: Vec<u32>,
+    /// Open loop: requests dropped because too many were outstanding.
+    pub(crate) dropped: u64,
+}
+
+/// When a run measures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Window {
+    pub(crate) from: Instant,
+    pub(crate) until: Instant,
+}
+
+impl Window {
+    fn contains(&self, t: Instant) -> bool {
+        t >= self.from && t < self.until
+    }
+}
+
+/// Per-task results, merged at the end (no shared lock on the hot path).
+#[derive(Debug, Default)]
+struct TaskLog {
+    requests: u64,
+    mismatches: u64,
+    errors: u64,
+    first_error: Option<String>,
+    fast: Vec<u32>,
+    slow: Vec<u32>,
+}
+
+impl TaskLog {
+    fn record(&mut self, started: Instant, result: Result<Answer, BoxError>) {
+        let micros = started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
+        match result {
+            Ok(answer) => {
+                self.requests += 1;
+                self.mismatches += answer.mismatches;
+                if answer.slow {
+                    self.slow.push(micros);
+                } else {
+                    self.fast.push(micros);
+                }
+            }
+            Err(e) => {
+                self.errors += 1;
+                self.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+fn merge(logs: Vec<TaskLog>) -> Measured {
+    let mut measured = Measured::default();
+    for log in logs {
+        measured.requests += log.requests;
+        measured.mismatches += log.mismatches;
+        measured.errors += log.errors;
+        if measured.first_error.is_none() {
+            measured.first_error = log.first_error;
+        }
+        measured.latencies.extend(log.fast);
+        measured.slow_latencies.extend(log.slow);
+    }
+    measured.latencies.sort_unstable();
+    measured.slow_latencies.sort_unstable();
+    measured
+}
+
+/// `tasks` tasks, each sending requests back to back until the window
+/// closes; only requests started inside the window count.
+pub(crate) async fn closed_loop(
+    target: Arc<Target>,
+    workload: Workload,
+    table: Arc<str>,
+    tasks: u64,
+    window: Window,
+) -> Measured {
+    let mut handles = Vec::with_capacity(tasks as usize);
+    for task in 0..tasks {
+        let (target, table) = (Arc::clone(&target), Arc::clone(&table));
+        handles.push(tokio::spawn(async move {
+            let mut log = TaskLog::default();
+            let mut n = 0;
+            loop {
+                let started = Instant::now();
+                if started >= window.until {
+                    return log;
+                }
+                let result = request(&target, workload, &table, task, n).await;
+                if window.contains(started) {
+                    log.record(started, result);
+                }
+                n += 1;
+            }
+        }));
+    }
+    let mut logs = Vec::with_capacity(handles.len());
+    for handle in handles {
+        logs.push(handle.await.unwrap_or_default());
+    }
+    merge(logs)
+}
+
+/// Requests arriving at `rate` per second from `window.from - warmup` until
+/// the window closes, each timed from when it was due.
+pub(crate) async fn open_loop(
+    target: Arc<Target>,
+    workload: Workload,
+    table: Arc<str>,
+    rate: f64,
+    start: Instant,
+    window: Window,
+) -> Measured {
+    const MAX_OUTSTANDING: u64 = 20_000;
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let outstanding = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    let mut dropped = 0;
+    let mut n: u64 = 0;
+    loop {
+        let due = start + interval.mul_f64(n as f64);
+        if due >= window.until {
+            break;
+        }
+        // tokio's timer ticks in milliseconds: sleep to the tick, then send
+        // everything that has come due (each timed from its own due time).
+        let now = Instant::now();
+        if due > now {
+            tokio::time::sleep(due - now).await;
+        }
+        if outstanding.load(Ordering::Relaxed) >= MAX_OUTSTANDING {
+            dropped += u64::from(window.contains(due));
+            n += 1;
+            continue;
+        }
+        outstanding.fetch_add(1, Ordering::Relaxed);
+        let (target, table, outstanding) = (
+            Arc::clone(&target),
+            Arc::clone(&table),
+            Arc::clone(&outstanding),
+        );
+        handles.push(tokio::spawn(async move {
+            let result = request(&target, workload, &table, n % 1024, n).await;
+            outstanding.fetch_sub(1, Ordering::Relaxed);
+            let mut log = TaskLog::default();
+            if window.contains(due) {
+                log.record(due, result);
+            }
+            log
+        }));
+        n += 1;
+    }
+    let mut logs = Vec::with_capacity(handles.len());
+    for handle in handles {
+        logs.push(handle.await.unwrap_or_default());
+    }
+    let mut measured = merge(logs);
+    measured.dropped = dropped;
+    measured
+}
+
+/// The `q`-quantile of sorted microsecond samples, in milliseconds.
+pub(crate) fn quantile_ms(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    f64::from(sorted[rank.min(sorted.len() - 1)]) / 1000.0
+}
