@@ -4,7 +4,9 @@
 
 mod bad_input;
 mod correctness;
+mod dashboards;
 mod faults;
+mod metrics;
 mod routing;
 mod sessions;
 mod statements;

@@ -5,6 +5,8 @@ use std::time::Duration;
 use pgpipe::{Pool, PoolBuilder};
 use pgpipe_proxy::Proxy;
 use pgpipe_test_support::{database_url, unique, url_with_app, with_param};
+use prometheus::Registry;
+use prometheus::proto::{MetricFamily, MetricType};
 
 /// A fresh application name, to find this test's backends by.
 pub(crate) fn app(test: &str) -> String {
@@ -75,4 +77,68 @@ pub(crate) async fn settle(pool: &Pool) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("pool did not settle: {:?}", pool.status());
+}
+
+/// The families of one pool in a gathered registry.
+pub(crate) struct Scrape(Vec<MetricFamily>);
+
+impl Scrape {
+    pub(crate) fn of(registry: &Registry) -> Scrape {
+        Scrape(registry.gather())
+    }
+
+    fn family(&self, name: &str) -> Option<&MetricFamily> {
+        self.0.iter().find(|f| f.name() == name)
+    }
+
+    /// The sum over the series of `name` whose labels include `labels`.
+    pub(crate) fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let family = self
+            .family(name)
+            .unwrap_or_else(|| panic!("{name} is exported"));
+        family
+            .get_metric()
+            .iter()
+            .filter(|m| {
+                labels.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| match family.get_field_type() {
+                MetricType::COUNTER => m.get_counter().get_value(),
+                MetricType::GAUGE => m.get_gauge().get_value(),
+                MetricType::HISTOGRAM => m.get_histogram().get_sample_sum(),
+                _ => f64::NAN,
+            })
+            .sum()
+    }
+
+    #[allow(dead_code)] // used by the `truth` tests
+    pub(crate) fn histogram_count(&self, name: &str) -> u64 {
+        self.family(name)
+            .unwrap_or_else(|| panic!("{name} is exported"))
+            .get_metric()
+            .iter()
+            .map(|m| m.get_histogram().get_sample_count())
+            .sum()
+    }
+}
+
+pub(crate) async fn echo_load(pool: &Pool, tasks: i64, per_task: i64) {
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let pool = pool.clone();
+        handles.push(tokio::spawn(async move {
+            for i in 0..per_task {
+                let id = task * 1_000_000 + i;
+                let row = pool.query_one("SELECT $1::int8", &[&id]).await.unwrap();
+                assert_eq!(row.get::<_, i64>(0), id);
+            }
+        }));
+    }
+    for handle in handles {
+        handle.await.unwrap();
+    }
 }

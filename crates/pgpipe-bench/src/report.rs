@@ -251,6 +251,7 @@ pub(crate) fn chart(
             .x_desc("concurrent tasks")
             .y_desc("queries/s")
             .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{:.0}k", y / 1000.0))
             .draw()?;
         for (i, target) in target_order.iter().enumerate() {
             let mut points: Vec<(f64, f64)> = here

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use socket2::SockRef;
@@ -29,6 +29,7 @@ pub(crate) struct Control {
     upstream: DirectionCounters,
     downstream: DirectionCounters,
     connections: AtomicU64,
+    busy_periods: AtomicU64,
     pub(crate) realtime: AtomicBool,
     pub(crate) thread_id: AtomicU64,
 }
@@ -44,6 +45,7 @@ impl Control {
             upstream: DirectionCounters::default(),
             downstream: DirectionCounters::default(),
             connections: AtomicU64::new(0),
+            busy_periods: AtomicU64::new(0),
             realtime: AtomicBool::new(false),
             thread_id: AtomicU64::new(0),
         }
@@ -86,6 +88,7 @@ impl Control {
             upstream: self.upstream.snapshot(),
             downstream: self.downstream.snapshot(),
             connections: self.connections.load(Ordering::Relaxed),
+            busy_periods: self.busy_periods.load(Ordering::Relaxed),
         }
     }
 
@@ -169,12 +172,17 @@ async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Contro
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     let reset = Notify::new();
+    // Queries the server owes an answer, as this proxy sees them: Syncs read
+    // from the client minus ReadyForQuery read from the server. Start-up
+    // counts as one (it ends with a ReadyForQuery but has no Sync).
+    let owed = AtomicI64::new(1);
     let up = pipe(
         client_read,
         server_write,
         Direction::Upstream,
         &control,
         &reset,
+        &owed,
     );
     let down = pipe(
         server_read,
@@ -182,6 +190,7 @@ async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Contro
         Direction::Downstream,
         &control,
         &reset,
+        &owed,
     );
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
@@ -197,8 +206,11 @@ async fn pipe(
     direction: Direction,
     control: &Control,
     reset: &Notify,
+    owed: &AtomicI64,
 ) {
-    let (chunks, mut queued) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    // Each chunk travels with when it was read and how many counted
+    // messages it carries.
+    let (chunks, mut queued) = mpsc::unbounded_channel::<(Instant, Vec<u8>, i64)>();
     let counters = match direction {
         Direction::Upstream => &control.upstream,
         Direction::Downstream => &control.downstream,
@@ -219,7 +231,18 @@ async fn pipe(
             let parses_before = counter.seconds();
             let messages = counter.feed(&buf[..n]);
             counters.record(n, messages, counter.seconds() - parses_before);
-            if chunks.send((stamp, buf[..n].to_vec())).is_err() {
+            let messages = messages as i64;
+            // A Sync from a client that was owed nothing starts a round trip
+            // of its own; the others ride along. Counted at the client's
+            // side of the delay: Syncs as they arrive, answers as they are
+            // delivered (below).
+            if direction == Direction::Upstream
+                && messages > 0
+                && owed.fetch_add(messages, Ordering::AcqRel) <= 0
+            {
+                control.busy_periods.fetch_add(1, Ordering::Relaxed);
+            }
+            if chunks.send((stamp, buf[..n].to_vec(), messages)).is_err() {
                 return;
             }
         }
@@ -228,7 +251,7 @@ async fn pipe(
         let Ok(timer) = PreciseTimer::new() else {
             return;
         };
-        while let Some((stamp, chunk)) = queued.recv().await {
+        while let Some((stamp, chunk, messages)) = queued.recv().await {
             if timer.sleep_until(stamp + control.delay()).await.is_err() {
                 return;
             }
@@ -245,6 +268,9 @@ async fn pipe(
             }
             if writer.write_all(&chunk).await.is_err() {
                 return;
+            }
+            if direction == Direction::Downstream && messages > 0 {
+                owed.fetch_sub(messages, Ordering::AcqRel);
             }
         }
         let _ = writer.shutdown().await;

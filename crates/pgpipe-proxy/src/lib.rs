@@ -143,6 +143,11 @@ pub struct Stats {
     pub downstream: DirectionStats,
     /// Connections accepted.
     pub connections: u64,
+    /// Times a client sent a query (a Sync) while it was owed no answer:
+    /// the round trips actually paid. Every other Sync rode along on a round
+    /// trip already under way. Counted at the client's side of the delay:
+    /// Syncs as they arrive, answers as they are delivered.
+    pub busy_periods: u64,
 }
 
 impl Proxy {

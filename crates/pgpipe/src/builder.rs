@@ -3,11 +3,11 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use tokio_postgres::config::SslMode;
+use tokio_postgres::config::{Host, SslMode};
 
 use crate::config::{PoolConfig, Routing};
 use crate::error::{Error, ErrorKind};
-use crate::pool::Pool;
+use crate::pool::{Observability, Pool};
 
 /// Builds a [`Pool`]; start with [`Pool::builder`].
 ///
@@ -27,6 +27,7 @@ use crate::pool::Pool;
 pub struct PoolBuilder {
     server: Option<Result<tokio_postgres::Config, String>>,
     config: PoolConfig,
+    registry: Option<prometheus::Registry>,
 }
 
 impl PoolBuilder {
@@ -124,6 +125,21 @@ impl PoolBuilder {
         self
     }
 
+    /// Registers the pool's metrics (see the README's list) into `registry`.
+    /// Without one the pool keeps no metrics beyond [`Pool::status`].
+    pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
+        self.registry = Some(registry.clone());
+        self
+    }
+
+    /// The value of the `pool` label on every metric, so that several pools
+    /// can share a registry. Default: `host:port/dbname` of the first host
+    /// (never the user or password).
+    pub fn pool_name(mut self, name: impl Into<String>) -> Self {
+        self.config.pool_name = Some(name.into());
+        self
+    }
+
     /// Checks the settings and makes the pool. Connects lazily: no
     /// connection is opened until the first query or [`Pool::get`].
     ///
@@ -150,8 +166,34 @@ impl PoolBuilder {
         if server.get_connect_timeout().is_none() {
             server.connect_timeout(self.config.connect_timeout);
         }
-        Ok(Pool::new(server, self.config))
+        let name = self
+            .config
+            .pool_name
+            .clone()
+            .unwrap_or_else(|| default_pool_name(&server));
+        let observe = Observability {
+            registry: self.registry,
+            name,
+        };
+        Pool::new(server, self.config, observe)
     }
+}
+
+/// `host:port/dbname`, from the first host.
+fn default_pool_name(server: &tokio_postgres::Config) -> String {
+    let host = match (server.get_hostaddrs().first(), server.get_hosts().first()) {
+        (Some(ip), _) => ip.to_string(),
+        (None, Some(Host::Tcp(host))) => host.clone(),
+        #[cfg(unix)]
+        (None, Some(Host::Unix(path))) => path.display().to_string(),
+        (None, None) => "unknown".into(),
+    };
+    let port = server.get_ports().first().copied().unwrap_or(5432);
+    let db = server
+        .get_dbname()
+        .or(server.get_user())
+        .unwrap_or("postgres");
+    format!("{host}:{port}/{db}")
 }
 
 #[cfg(test)]

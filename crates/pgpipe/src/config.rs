@@ -92,6 +92,10 @@ pub struct PoolConfig {
     /// Default: with pipelining, `max_size - 1` (at least 1); without,
     /// `max_size`.
     pub max_exclusive: Option<usize>,
+    /// The `pool` label on the pool's metrics. `None` picks the default.
+    ///
+    /// Default: `host:port/dbname` of the first host.
+    pub pool_name: Option<String>,
 }
 
 impl Default for PoolConfig {
@@ -109,6 +113,7 @@ impl Default for PoolConfig {
             connect_timeout: Duration::from_secs(10),
             statement_cache_capacity: 256,
             max_exclusive: None,
+            pool_name: None,
         }
     }
 }

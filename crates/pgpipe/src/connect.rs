@@ -26,7 +26,7 @@ use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::{Client, Config, Connection, NoTls};
 
 use crate::error::{Error, ErrorKind};
-use crate::wire::{ConnState, TappedStream};
+use crate::wire::{ConnState, PoolWire, TappedStream};
 
 /// A TCP or Unix socket.
 #[derive(Debug)]
@@ -47,7 +47,11 @@ pub(crate) type Connected = (
 
 /// Connects to the first host of `config` that accepts, returning the client
 /// and its connection half.
-pub(crate) async fn connect(config: &Config, state: Arc<ConnState>) -> Result<Connected, Error> {
+pub(crate) async fn connect(
+    config: &Config,
+    state: Arc<ConnState>,
+    wire: &Arc<PoolWire>,
+) -> Result<Connected, Error> {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
     let count = hosts.len().max(addrs.len());
@@ -64,7 +68,7 @@ pub(crate) async fn connect(config: &Config, state: Arc<ConnState>) -> Result<Co
         };
         match open_socket(config, &host, port).await {
             Ok(socket) => {
-                let stream = TappedStream::new(socket, Arc::clone(&state));
+                let stream = TappedStream::new(socket, Arc::clone(&state), Arc::clone(wire));
                 match config.connect_raw(stream, NoTls).await {
                     Ok(connected) => return Ok(connected),
                     Err(e) => last = Some(Error::connect(e)),

@@ -328,6 +328,15 @@ impl fmt::Debug for Error {
     }
 }
 
+/// For code that mixes the pool's calls with tokio-postgres calls on a
+/// [`Connection`](crate::Connection), so that `?` works on both.
+impl From<tokio_postgres::Error> for Error {
+    fn from(error: tokio_postgres::Error) -> Error {
+        let closed = error.is_closed();
+        Error::from_query(error, closed)
+    }
+}
+
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self.0.source.as_ref()? {

@@ -9,6 +9,7 @@ mod error;
 mod exec;
 mod gate;
 mod manager;
+mod metrics;
 mod pool;
 mod queue;
 mod session;

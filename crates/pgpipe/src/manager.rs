@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
-use deadpool::managed::{self, Metrics, RecycleError, RecycleResult};
+use deadpool::managed::{self, RecycleError, RecycleResult};
 use tokio_postgres::Client;
 
 use crate::connect;
 use crate::error::Error;
+use crate::metrics::{CloseReason, Metrics};
 use crate::statement_cache::StatementCache;
-use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK};
+use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, PoolWire};
 
 /// A pooled connection: the client, what the tap sees of its wire, and its
 /// statement cache. Shared and exclusive use both borrow it from deadpool.
@@ -21,6 +22,9 @@ pub(crate) struct PgConn {
     pub(crate) client: Client,
     pub(crate) state: Arc<ConnState>,
     pub(crate) cache: Arc<StatementCache>,
+    metrics: Option<Arc<Metrics>>,
+    /// Set when the pool itself decided to close it.
+    close_reason: Option<CloseReason>,
 }
 
 impl PgConn {
@@ -48,6 +52,24 @@ impl PgConn {
         self.state.needs_reset.store(false, Ordering::Release);
         self.state.quarantined.store(0, Ordering::Release);
         Ok(())
+    }
+
+    /// Notes why the pool is about to drop this connection.
+    pub(crate) fn closing(&mut self, reason: CloseReason) {
+        self.close_reason = Some(reason);
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            let reason = match self.close_reason {
+                Some(reason) => reason,
+                None if self.is_dead() => CloseReason::Broken,
+                None => CloseReason::Shutdown,
+            };
+            metrics.closed(reason);
+        }
     }
 }
 
@@ -100,6 +122,7 @@ impl<F: Future> Future for StepAside<F> {
 pub(crate) struct Manager {
     pub(crate) config: tokio_postgres::Config,
     pub(crate) statement_cache_capacity: usize,
+    pub(crate) wire: Arc<PoolWire>,
 }
 
 impl managed::Manager for Manager {
@@ -108,7 +131,8 @@ impl managed::Manager for Manager {
 
     async fn create(&self) -> Result<PgConn, Error> {
         let state = Arc::new(ConnState::default());
-        let (client, connection) = connect::connect(&self.config, Arc::clone(&state)).await?;
+        let (client, connection) =
+            connect::connect(&self.config, Arc::clone(&state), &self.wire).await?;
         let io_state = Arc::clone(&state);
         tokio::spawn(async move {
             // The error, if any, reaches every request in flight through its
@@ -118,14 +142,20 @@ impl managed::Manager for Manager {
             io_state.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
         });
         connect::check_session_attrs(&self.config, &client).await?;
+        let metrics = self.wire.metrics.clone();
+        if let Some(metrics) = &metrics {
+            metrics.created.inc();
+        }
         Ok(PgConn {
             client,
             state,
             cache: StatementCache::new(self.statement_cache_capacity),
+            metrics,
+            close_reason: None,
         })
     }
 
-    async fn recycle(&self, conn: &mut PgConn, _: &Metrics) -> RecycleResult<Error> {
+    async fn recycle(&self, conn: &mut PgConn, _: &managed::Metrics) -> RecycleResult<Error> {
         if conn.is_dead() {
             return Err(RecycleError::message("connection is closed"));
         }

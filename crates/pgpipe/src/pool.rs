@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool::Runtime;
 use tokio::sync::Semaphore;
@@ -16,15 +16,19 @@ use crate::connection::{Connection, Owner};
 use crate::error::Error;
 use crate::exec::{self, Op, Output, Prepare};
 use crate::manager::Manager;
+use crate::metrics::{self, Metrics, Mode};
 use crate::session;
 use crate::shared::SharedSet;
 use crate::status::Status;
+use crate::wire::PoolWire;
 
 /// How often the pool's housekeeping runs, and so the tick of its clock.
 const TICK: Duration = Duration::from_millis(100);
 /// A shared connection with nothing in flight for this many ticks goes back
 /// to the idle pool.
 const SHARED_IDLE_TICKS: u64 = 10;
+/// The round-trip estimate's window, in ticks.
+const RTT_WINDOW_TICKS: u64 = 50;
 
 /// A pool of PostgreSQL connections whose queries, with
 /// [`pipelining`](PoolBuilder::pipelining) on, share connections and are
@@ -52,6 +56,19 @@ pub(crate) struct PoolInner {
     /// Ticks of [`TICK`] since housekeeping started; a clock the hot path can
     /// read without a system call.
     pub(crate) clock: AtomicU64,
+    /// What the connections' socket taps report.
+    pub(crate) wire: Arc<PoolWire>,
+    /// Metric handles, when a registry was given.
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    /// Most pipelined queries in flight at once since the last scrape.
+    pub(crate) depth_high: AtomicU64,
+}
+
+/// What [`Pool::new`] needs besides the settings.
+#[derive(Debug)]
+pub(crate) struct Observability {
+    pub(crate) registry: Option<prometheus::Registry>,
+    pub(crate) name: String,
 }
 
 impl Pool {
@@ -60,30 +77,53 @@ impl Pool {
         PoolBuilder::default()
     }
 
-    pub(crate) fn new(server: tokio_postgres::Config, config: PoolConfig) -> Pool {
+    pub(crate) fn new(
+        server: tokio_postgres::Config,
+        config: PoolConfig,
+        observe: Observability,
+    ) -> Result<Pool, Error> {
+        let metrics = match &observe.registry {
+            Some(_) => Some(Arc::new(Metrics::new(&observe.name).map_err(|e| {
+                Error::config(format!(
+                    "invalid metrics for pool \"{}\": {e}",
+                    observe.name
+                ))
+            })?)),
+            None => None,
+        };
+        let wire = Arc::new(PoolWire {
+            rtt: Default::default(),
+            metrics: metrics.clone(),
+        });
         let manager = Manager {
             config: server,
             statement_cache_capacity: config.statement_cache_capacity,
+            wire: Arc::clone(&wire),
         };
         let pg = deadpool::managed::Pool::builder(manager)
             .max_size(config.max_size)
             .runtime(Runtime::Tokio1)
             .build()
             .expect("a runtime is set, so deadpool's build cannot fail");
-        Pool {
-            inner: Arc::new(PoolInner {
-                exclusive: Arc::new(Semaphore::new(config.exclusive_limit())),
-                config,
-                pg,
-                shared: SharedSet::default(),
-                claims: Mutex::new(Vec::new()),
-                exclusive_claims: AtomicUsize::new(0),
-                exclusive_waiting: AtomicUsize::new(0),
-                closed: AtomicBool::new(false),
-                housekeeping: AtomicBool::new(false),
-                clock: AtomicU64::new(0),
-            }),
+        let inner = Arc::new(PoolInner {
+            exclusive: Arc::new(Semaphore::new(config.exclusive_limit())),
+            config,
+            pg,
+            shared: SharedSet::default(),
+            claims: Mutex::new(Vec::new()),
+            exclusive_claims: AtomicUsize::new(0),
+            exclusive_waiting: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            housekeeping: AtomicBool::new(false),
+            clock: AtomicU64::new(0),
+            wire,
+            metrics,
+            depth_high: AtomicU64::new(0),
+        });
+        if let (Some(registry), Some(metrics)) = (&observe.registry, &inner.metrics) {
+            metrics::register(registry, Arc::downgrade(&inner), metrics, &observe.name)?;
         }
+        Ok(Pool { inner })
     }
 
     /// Runs a query and returns its rows.
@@ -159,6 +199,28 @@ impl Pool {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Output, Error> {
+        let inner = &self.inner;
+        let Some(metrics) = &inner.metrics else {
+            return self.run_unobserved(sql, params, op, None).await;
+        };
+        let mode = if inner.config.pipelining {
+            Mode::Pipelined
+        } else {
+            Mode::Exclusive
+        };
+        let start = Instant::now();
+        let result = self.run_unobserved(sql, params, op, Some(start)).await;
+        metrics.query(mode, start.elapsed(), result.as_ref().map(drop));
+        result
+    }
+
+    async fn run_unobserved(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+        waiting: Option<Instant>,
+    ) -> Result<Output, Error> {
         session::check(sql)?;
         let inner = &self.inner;
         if inner.is_closed() {
@@ -167,21 +229,21 @@ impl Pool {
         inner.start_housekeeping();
         if !inner.config.pipelining {
             let conn = inner.checkout().await?;
+            inner.waited(waiting);
             return exec::run(conn.pg_conn(), Prepare::Inline, sql, params, op).await;
         }
         let slot = inner.reserve().await?;
+        inner.waited(waiting);
         let window = inner.config.batch_window;
         if slot.ahead > 0 && !window.is_zero() {
+            let held = Instant::now();
             slot.conn.gate.pass(window, inner.config.max_batch).await;
+            if let Some(metrics) = &inner.metrics {
+                metrics.flush_wait.observe(held.elapsed().as_secs_f64());
+            }
         }
-        exec::run(
-            slot.conn.conn(),
-            Prepare::Spawned(&slot.conn),
-            sql,
-            params,
-            op,
-        )
-        .await
+        let conn = &slot.conn;
+        exec::run(conn.conn(), Prepare::Spawned(conn), sql, params, op).await
     }
 
     /// Checks out an exclusive connection: for transactions, session
@@ -201,29 +263,15 @@ impl Pool {
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect).
     pub async fn get(&self) -> Result<Connection, Error> {
         self.inner.start_housekeeping();
-        self.inner.checkout().await
+        let waiting = self.inner.metrics.as_ref().map(|_| Instant::now());
+        let conn = self.inner.checkout().await?;
+        self.inner.waited(waiting);
+        Ok(conn)
     }
 
     /// A snapshot of the pool's connections and queues.
     pub fn status(&self) -> Status {
-        let inner = &self.inner;
-        let pg = inner.pg.status();
-        let (shared, in_flight) = inner.shared_counts();
-        let exclusive_waiting = inner.exclusive_waiting.load(Ordering::Acquire);
-        let exclusive = inner
-            .exclusive_claims
-            .load(Ordering::Acquire)
-            .saturating_sub(exclusive_waiting);
-        Status {
-            max_size: inner.config.max_size,
-            size: pg.size,
-            idle: pg.available,
-            shared,
-            exclusive,
-            in_flight,
-            waiting: inner.shared.queue.len(),
-            exclusive_waiting,
-        }
+        self.inner.status()
     }
 
     /// Closes the pool: new queries and checkouts fail with
@@ -246,6 +294,35 @@ impl Pool {
 }
 
 impl PoolInner {
+    pub(crate) fn status(&self) -> Status {
+        let pg = self.pg.status();
+        let (shared, in_flight) = self.shared_counts();
+        let exclusive_waiting = self.exclusive_waiting.load(Ordering::Acquire);
+        let exclusive = self
+            .exclusive_claims
+            .load(Ordering::Acquire)
+            .saturating_sub(exclusive_waiting);
+        Status {
+            max_size: self.config.max_size,
+            size: pg.size,
+            idle: pg.available,
+            shared,
+            exclusive,
+            in_flight,
+            waiting: self.shared.queue.len(),
+            exclusive_waiting,
+        }
+    }
+
+    /// Records how long a query or checkout waited for its connection.
+    fn waited(&self, since: Option<Instant>) {
+        if let (Some(metrics), Some(since)) = (&self.metrics, since) {
+            metrics
+                .connection_wait
+                .observe(since.elapsed().as_secs_f64());
+        }
+    }
+
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -273,7 +350,10 @@ async fn housekeeping(pool: Weak<PoolInner>) {
         if pool.is_closed() {
             return;
         }
-        pool.clock.fetch_add(1, Ordering::Relaxed);
+        let tick = pool.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        if tick % RTT_WINDOW_TICKS == 0 {
+            pool.wire.rtt.rotate();
+        }
         pool.prune();
         pool.rebalance();
         pool.retire_idle(SHARED_IDLE_TICKS);

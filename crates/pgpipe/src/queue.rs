@@ -73,6 +73,15 @@ impl WaitQueue {
         self.live.load(Ordering::Acquire)
     }
 
+    /// Whether any waiter has not been answered yet (some may have given up).
+    pub(crate) fn has_unanswered(&self) -> bool {
+        !self
+            .waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
     /// Joins the queue, unless `capacity` queries already wait.
     pub(crate) fn join(
         &self,

@@ -8,7 +8,7 @@
 //! compare-and-swap on that connection's load word. Only when nothing has
 //! room does a query touch the wait queue.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use crate::config::Routing;
 use crate::error::{Error, ErrorKind};
 use crate::gate::Gate;
 use crate::manager::{Manager, PgConn};
+use crate::metrics::CloseReason;
 use crate::pool::PoolInner;
 use crate::queue::{Handoff, WaitQueue};
 use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, SHARED};
@@ -86,6 +87,10 @@ pub(crate) struct SharedSet {
     opening: AtomicUsize,
     /// Queries waiting for room.
     pub(crate) queue: WaitQueue,
+    /// Whether a dispatch is running, and whether another was asked for
+    /// meanwhile.
+    dispatching: AtomicBool,
+    dispatch_again: AtomicBool,
     /// The last failed open, while its back-off lasts.
     failure: Mutex<Option<OpenFailure>>,
 }
@@ -121,12 +126,13 @@ impl Drop for Slot<'_> {
 }
 
 /// What the router decided for one query. `Go` variants carry a place
-/// already claimed on the connection, and how many queries were ahead.
+/// already claimed on the connection, how many queries were ahead on it, and
+/// how many were in flight on all shared connections.
 enum Route {
     /// Run on this connection.
-    Go(Arc<SharedConn>, u64),
+    Go(Arc<SharedConn>, u64, u64),
     /// Run on this connection, and open another for the queries to come.
-    GoAndOpen(Arc<SharedConn>, u64),
+    GoAndOpen(Arc<SharedConn>, u64, u64),
     /// Nothing has room, but a new connection may be opened.
     Open,
     /// Nothing has room: wait.
@@ -139,8 +145,12 @@ impl PoolInner {
     pub(crate) async fn reserve(self: &Arc<Self>) -> Result<Slot<'_>, Error> {
         if self.shared.queue.len() == 0 {
             match self.route() {
-                Route::Go(conn, ahead) => return Ok(self.slot(conn, ahead)),
-                Route::GoAndOpen(conn, ahead) => {
+                Route::Go(conn, ahead, in_flight) => {
+                    self.note_depth(in_flight + 1);
+                    return Ok(self.slot(conn, ahead));
+                }
+                Route::GoAndOpen(conn, ahead, in_flight) => {
+                    self.note_depth(in_flight + 1);
                     self.spawn_open();
                     return Ok(self.slot(conn, ahead));
                 }
@@ -149,6 +159,14 @@ impl PoolInner {
             }
         }
         self.reserve_slow().await
+    }
+
+    /// Raises the high-water mark of pipelined queries in flight (for the
+    /// metrics); written only when it rises.
+    fn note_depth(&self, in_flight: u64) {
+        if in_flight > self.depth_high.load(Ordering::Relaxed) {
+            self.depth_high.fetch_max(in_flight, Ordering::Relaxed);
+        }
     }
 
     fn slot(self: &Arc<Self>, conn: Arc<SharedConn>, ahead: u64) -> Slot<'_> {
@@ -187,6 +205,7 @@ impl PoolInner {
             Ok(Ok(Ok(handoff))) => {
                 let conn = handoff.take();
                 let ahead = (conn.load() & LOAD_MASK).saturating_sub(1);
+                self.note_depth(self.shared_counts().1 as u64);
                 Ok(self.slot(conn, ahead))
             }
             Ok(Ok(Err(error))) => Err(error),
@@ -216,15 +235,33 @@ impl PoolInner {
 
     /// Admits waiting queries, oldest first, while any connection has room;
     /// opens another connection when none has.
+    ///
+    /// One dispatcher at a time (two would both claim a place for the same
+    /// waiter): a caller that finds another at work leaves it a note to go
+    /// round once more, and returns.
     pub(crate) fn dispatch(self: &Arc<Self>) {
         if self.is_closed() {
             self.shared.queue.fail_all(Error::closed);
             return;
         }
-        while self.shared.queue.len() > 0 {
+        self.shared.dispatch_again.store(true, Ordering::Release);
+        while self.shared.dispatch_again.load(Ordering::Acquire) {
+            if self.shared.dispatching.swap(true, Ordering::AcqRel) {
+                return; // the dispatcher at work will see the note
+            }
+            self.shared.dispatch_again.store(false, Ordering::Release);
+            self.dispatch_once();
+            self.shared.dispatching.store(false, Ordering::Release);
+        }
+    }
+
+    fn dispatch_once(self: &Arc<Self>) {
+        // Waiters already answered stay counted until they wake; only the
+        // unanswered ones need a place.
+        while self.shared.queue.has_unanswered() {
             let (conn, _ahead) = match self.route() {
-                Route::Go(conn, ahead) => (conn, ahead),
-                Route::GoAndOpen(conn, ahead) => {
+                Route::Go(conn, ahead, _) => (conn, ahead),
+                Route::GoAndOpen(conn, ahead, _) => {
                     self.spawn_open();
                     (conn, ahead)
                 }
@@ -261,8 +298,10 @@ impl PoolInner {
             let mut with_room = 0;
             let mut live = 0;
             let mut stale = false;
+            let mut in_flight = 0;
             for conn in conns.iter() {
                 let load = conn.load();
+                in_flight += load & LOAD_MASK;
                 if load & CLOSED != 0 {
                     stale = true;
                     continue;
@@ -303,9 +342,9 @@ impl PoolInner {
             };
             let conn = Arc::clone(conn);
             return if busy && room_to_open {
-                Route::GoAndOpen(conn, ahead)
+                Route::GoAndOpen(conn, ahead, in_flight)
             } else {
-                Route::Go(conn, ahead)
+                Route::Go(conn, ahead, in_flight)
             };
         }
         Route::Wait
@@ -446,7 +485,9 @@ impl PoolInner {
         }
         if object.state.needs_reset.load(Ordering::Acquire) {
             if let Err(e) = object.reset_session().await {
-                drop(Object::take(object)); // never share a session we could not clean
+                // Never share a session that could not be cleaned.
+                let mut conn = Object::take(object);
+                conn.closing(CloseReason::ResetFailed);
                 return Err(e);
             }
         }
@@ -514,6 +555,16 @@ impl PoolInner {
             conn.state().load.fetch_or(CLOSED, Ordering::AcqRel);
         }
         self.prune();
+    }
+
+    /// Queries written to shared connections and not yet answered.
+    pub(crate) fn shared_wire_depth(&self) -> u64 {
+        self.shared
+            .conns
+            .load()
+            .iter()
+            .map(|c| c.state().wire_depth())
+            .sum()
     }
 
     /// Shared connections, and queries in flight on them.

@@ -21,14 +21,14 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Upper bounds of the batch-size buckets: 1, 2, 4 … 256 Syncs per write,
-/// and a last bucket for anything larger.
-pub(crate) const BATCH_BUCKETS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+use crate::metrics::Metrics;
 
 /// Bit layout of [`ConnState::load`]: the low 32 bits count queries in flight
 /// on a shared connection; the high bits are flags. One word, so that
@@ -56,13 +56,6 @@ pub(crate) struct ConnState {
     pub(crate) syncs: AtomicU64,
     /// ReadyForQuery messages read.
     pub(crate) readies: AtomicU64,
-    /// Socket writes that carried at least one Sync.
-    pub(crate) batches: AtomicU64,
-    /// Histogram of Syncs per write, by [`BATCH_BUCKETS`].
-    pub(crate) batch_hist: [AtomicU64; 10],
-    /// Bytes written and read.
-    pub(crate) bytes_out: AtomicU64,
-    pub(crate) bytes_in: AtomicU64,
     /// Why the connection was quarantined, if it was.
     pub(crate) quarantined: AtomicU8,
 }
@@ -78,27 +71,96 @@ impl ConnState {
         self.syncs.load(Ordering::Acquire).saturating_sub(readies)
     }
 
-    /// Stops routing to this connection and marks it for a reset. Called from
-    /// the read path when a shared connection shows session state.
-    fn quarantine(&self, reason: u8) {
-        if self.load.load(Ordering::Acquire) & SHARED == 0 {
-            return; // exclusive connections may hold any state they like
-        }
-        self.needs_reset.store(true, Ordering::Release);
-        let _ = self
-            .quarantined
-            .compare_exchange(0, reason, Ordering::AcqRel, Ordering::Acquire);
-        self.load.fetch_or(CLOSED, Ordering::AcqRel);
+    fn is_shared(&self) -> bool {
+        self.load.load(Ordering::Relaxed) & SHARED != 0
     }
 
-    fn record_batch(&self, syncs: u64) {
-        self.syncs.fetch_add(syncs, Ordering::AcqRel);
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        let bucket = BATCH_BUCKETS
-            .iter()
-            .position(|&upper| syncs <= upper)
-            .unwrap_or(BATCH_BUCKETS.len());
-        self.batch_hist[bucket].fetch_add(1, Ordering::Relaxed);
+    /// Stops routing to this connection and marks it for a reset. Called from
+    /// the read path when a shared connection shows session state; returns
+    /// whether this call quarantined it.
+    fn quarantine(&self, reason: u8) -> bool {
+        if !self.is_shared() {
+            return false; // exclusive connections may hold any state they like
+        }
+        self.needs_reset.store(true, Ordering::Release);
+        self.load.fetch_or(CLOSED, Ordering::AcqRel);
+        self.quarantined
+            .compare_exchange(0, reason, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+}
+
+/// What every connection's tap reports to the pool.
+#[derive(Debug, Default)]
+pub(crate) struct PoolWire {
+    pub(crate) rtt: RttFilter,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+}
+
+/// The round-trip estimate: a smoothed average (EWMA, 1/8) of solitary
+/// round trips (a write to an idle connection until its first answer),
+/// ignoring samples over four times the smallest of the last 5 to 10 s, so
+/// that a slow query sent alone does not count as a slow network.
+#[derive(Debug)]
+pub(crate) struct RttFilter {
+    /// Windowed minimum: the current window and the one before.
+    current: AtomicU64,
+    previous: AtomicU64,
+    /// The smoothed estimate, in nanoseconds.
+    smoothed: AtomicU64,
+}
+
+const NO_SAMPLE: u64 = u64::MAX;
+
+impl Default for RttFilter {
+    fn default() -> RttFilter {
+        RttFilter {
+            current: AtomicU64::new(NO_SAMPLE),
+            previous: AtomicU64::new(NO_SAMPLE),
+            smoothed: AtomicU64::new(NO_SAMPLE),
+        }
+    }
+}
+
+impl RttFilter {
+    pub(crate) fn sample(&self, rtt: Duration) {
+        let nanos = u64::try_from(rtt.as_nanos()).unwrap_or(NO_SAMPLE - 1);
+        self.current.fetch_min(nanos, Ordering::AcqRel);
+        let floor = self.floor_nanos();
+        if nanos > floor.saturating_mul(4) {
+            return; // a slow query, not a slow network
+        }
+        let _ = self
+            .smoothed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
+                Some(if old == NO_SAMPLE {
+                    nanos
+                } else {
+                    // old + (new - old) / 8, in signed arithmetic.
+                    (old as i64 + (nanos as i64 - old as i64) / 8) as u64
+                })
+            });
+    }
+
+    /// Starts a new window of the minimum. With no sample in the last one,
+    /// it stays what it was.
+    pub(crate) fn rotate(&self) {
+        let last = self.current.swap(NO_SAMPLE, Ordering::AcqRel);
+        if last != NO_SAMPLE {
+            self.previous.store(last, Ordering::Release);
+        }
+    }
+
+    fn floor_nanos(&self) -> u64 {
+        self.current
+            .load(Ordering::Acquire)
+            .min(self.previous.load(Ordering::Acquire))
+    }
+
+    /// The smoothed estimate, once there is a sample.
+    pub(crate) fn estimate(&self) -> Option<Duration> {
+        let nanos = self.smoothed.load(Ordering::Acquire);
+        (nanos != NO_SAMPLE).then(|| Duration::from_nanos(nanos))
     }
 }
 
@@ -215,64 +277,104 @@ impl Framer {
     }
 }
 
-/// A stream that reports what crosses it to a [`ConnState`].
+/// A stream that reports what crosses it to its [`ConnState`] and the
+/// pool's [`PoolWire`].
 #[derive(Debug)]
 pub(crate) struct TappedStream<S> {
     inner: S,
-    state: std::sync::Arc<ConnState>,
+    state: Arc<ConnState>,
+    pool: Arc<PoolWire>,
     outbound: Framer,
     inbound: Framer,
+    /// A round trip being timed: when a write found the connection idle,
+    /// and the count of ReadyForQuery that answers its first query.
+    probe: Option<(Instant, u64)>,
 }
 
 impl<S> TappedStream<S> {
     /// Wraps a plain (not yet TLS) stream whose first outbound bytes are the
     /// start-up packet.
-    pub(crate) fn new(inner: S, state: std::sync::Arc<ConnState>) -> TappedStream<S> {
+    pub(crate) fn new(inner: S, state: Arc<ConnState>, pool: Arc<PoolWire>) -> TappedStream<S> {
         TappedStream {
             inner,
             state,
+            pool,
             outbound: Framer::new(Phase::Startup),
             inbound: Framer::new(Phase::Typed),
+            probe: None,
         }
     }
 
     fn observe_read(&mut self, bytes: &[u8]) {
-        let state = &self.state;
-        state
-            .bytes_in
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         if self.outbound.phase == Phase::Opaque {
             self.inbound.phase = Phase::Opaque;
         }
+        let (state, metrics) = (&self.state, &self.pool.metrics);
+        let quarantine = |reason: u8| {
+            if state.quarantine(reason) {
+                if let Some(metrics) = metrics {
+                    metrics.wire.quarantined[usize::from(reason - 1)].inc();
+                }
+            }
+        };
+        let mut readies = 0;
         self.inbound.feed(bytes, |message| match message.kind {
             b'Z' => {
                 let status = message.first.unwrap_or(b'I');
                 state.tx_status.store(status, Ordering::Release);
-                state.readies.fetch_add(1, Ordering::AcqRel);
+                readies += 1;
                 if status != b'I' {
-                    state.quarantine(QUARANTINE_TX);
+                    quarantine(QUARANTINE_TX);
                 }
             }
             // ParameterStatus before the first ReadyForQuery is start-up.
-            b'S' if state.readies.load(Ordering::Acquire) > 0 => {
-                state.quarantine(QUARANTINE_SESSION);
+            b'S' if state.readies.load(Ordering::Acquire) + readies > 0 => {
+                quarantine(QUARANTINE_SESSION);
             }
             _ => {}
         });
+        if readies > 0 {
+            let answered = state.readies.fetch_add(readies, Ordering::AcqRel) + readies;
+            if let Some((sent, awaited)) = self.probe {
+                if answered >= awaited {
+                    self.pool.rtt.sample(sent.elapsed());
+                    self.probe = None;
+                }
+            }
+        }
     }
 
     fn observe_write(&mut self, bytes: &[u8]) {
-        self.state
-            .bytes_out
-            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let mut syncs = 0;
         self.outbound.feed(bytes, |message| {
-            if message.kind == b'S' {
+            // Sync ends a request; the untyped start-up packet (kind 0) is
+            // answered by a ReadyForQuery too, so it counts as one.
+            if message.kind == b'S' || message.kind == 0 {
                 syncs += 1;
             }
         });
-        if syncs > 0 {
-            self.state.record_batch(syncs);
+        if syncs == 0 {
+            return;
+        }
+        let before = self.state.syncs.fetch_add(syncs, Ordering::AcqRel);
+        let idle = before == self.state.readies.load(Ordering::Acquire);
+        if idle && self.probe.is_none() {
+            self.probe = Some((Instant::now(), before + 1));
+        }
+        if let Some(metrics) = &self.pool.metrics {
+            if self.state.is_shared() {
+                // The first query written to an idle connection pays a round
+                // trip; every other one rides along.
+                let saved = if idle { syncs - 1 } else { syncs };
+                metrics.wire.batch_size.observe(syncs as f64);
+                metrics.wire.round_trips_saved.inc_by(saved);
+                if let Some(rtt) = self.pool.rtt.estimate() {
+                    metrics
+                        .wire
+                        .latency_saved
+                        .inc_by(saved as f64 * rtt.as_secs_f64());
+                }
+            }
         }
     }
 }
@@ -375,17 +477,26 @@ mod tests {
     }
 
     #[test]
-    fn batch_histogram_buckets() {
-        let state = ConnState::default();
-        for syncs in [1, 2, 3, 256, 257] {
-            state.record_batch(syncs);
+    fn rtt_filter_smooths_and_ignores_slow_queries() {
+        let filter = RttFilter::default();
+        assert_eq!(filter.estimate(), None);
+        filter.sample(Duration::from_micros(1000));
+        assert_eq!(filter.estimate(), Some(Duration::from_micros(1000)));
+        filter.sample(Duration::from_micros(1800));
+        assert_eq!(filter.estimate(), Some(Duration::from_micros(1100)));
+        // A 20 ms query sent alone is not a 20 ms network.
+        filter.sample(Duration::from_millis(20));
+        assert_eq!(filter.estimate(), Some(Duration::from_micros(1100)));
+        // When the network really slows down, the old minimum ages out
+        // (two windows later) and the estimate follows.
+        for _ in 0..2 {
+            filter.rotate();
+            filter.sample(Duration::from_millis(5));
         }
-        let hist: Vec<u64> = state
-            .batch_hist
-            .iter()
-            .map(|b| b.load(Ordering::Relaxed))
-            .collect();
-        assert_eq!(hist, vec![1, 1, 1, 0, 0, 0, 0, 0, 1, 1]);
-        assert_eq!(state.syncs.load(Ordering::Relaxed), 519);
+        for _ in 0..40 {
+            filter.sample(Duration::from_millis(5));
+        }
+        let estimate = filter.estimate().unwrap();
+        assert!(estimate > Duration::from_millis(4), "{estimate:?}");
     }
 }

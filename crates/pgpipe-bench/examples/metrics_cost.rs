@@ -1,0 +1,58 @@
+//! What the metrics cost per query, counted in instructions rather than
+//! seconds (this machine's timing noise hides a few percent).
+//!
+//! ```text
+//! cargo build --release -p pgpipe-bench --example metrics_cost
+//! for m in off on; do
+//!   valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$m \
+//!     target/release/examples/metrics_cost $m 20000
+//! done
+//! ```
+//!
+//! Then compare the two totals (`callgrind_annotate /tmp/cg.on | head`):
+//! their difference divided by the number of queries is the cost of the
+//! metrics per query. The server comes from `DATABASE_URL`.
+
+use std::time::Instant;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let metrics = args.next().as_deref() == Some("on");
+    let queries: i64 = args.next().map_or(Ok(20_000), |n| n.parse())?;
+    let registry = prometheus::Registry::new();
+    let mut builder = pgpipe::Pool::builder()
+        .url(&pgpipe_test_support::database_url())
+        .max_size(1)
+        .pipelining(true);
+    if metrics {
+        builder = builder.registry(&registry);
+    }
+    let pool = builder.build()?;
+    pool.query_one("SELECT $1::int8", &[&0i64]).await?;
+    let start = Instant::now();
+    // Eight tasks, so that queries pipeline as they would in a service.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                for i in 0..queries / 8 {
+                    let v = t * 1_000_000 + i;
+                    let row = pool.query_one("SELECT $1::int8", &[&v]).await?;
+                    assert_eq!(row.get::<_, i64>(0), v);
+                }
+                Ok::<_, pgpipe::Error>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    let scraped = registry.gather().len();
+    eprintln!(
+        "metrics {}: {queries} queries in {:?} ({scraped} metric families)",
+        if metrics { "on" } else { "off" },
+        start.elapsed()
+    );
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! A web service sharing one pipelined pgpipe pool across its handlers.
+//!
+//! Run it (PostgreSQL from `DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`):
+//!
+//! ```text
+//! cargo run --release -p pgpipe-examples --bin web-service
+//! curl localhost:3000/accounts/1
+//! curl -X POST localhost:3000/transfers -H 'content-type: application/json' \
+//!      -d '{"from": 1, "to": 2, "amount": 5}'
+//! curl localhost:3000/metrics
+//! ```
+//!
+//! `LISTEN_ADDR` changes the address (default `127.0.0.1:3000`: keep the
+//! metrics off public interfaces).
+
+use pgpipe::Pool;
+use pgpipe_examples::{AppState, router};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let addr = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
+    let registry = prometheus::Registry::new();
+    let pool = Pool::builder()
+        .url(&url)
+        .max_size(8)
+        .pipelining(true)
+        .registry(&registry)
+        .pool_name("bank")
+        .build()?;
+    let state = AppState::new(pool, registry, "pgpipe_example");
+    state.create_schema(1000).await?;
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router(state)).await?;
+    Ok(())
+}

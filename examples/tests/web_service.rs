@@ -1,0 +1,123 @@
+//! Starts the example service on port 0 against the test server and drives
+//! it with concurrent requests.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use pgpipe_examples::{Account, AppState, router};
+use pgpipe_test_support::{database_url, unique};
+
+/// One HTTP/1.1 request on a connection of its own.
+async fn call(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    body: &str,
+) -> (StatusCode, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The value of the first series of `name` whose line contains `labels`.
+fn series(scrape: &str, name: &str, labels: &str) -> f64 {
+    scrape
+        .lines()
+        .find(|line| line.starts_with(name) && line.contains(labels) && !line.starts_with('#'))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{name}{{{labels}}} in the scrape"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_answers_concurrent_requests_and_its_metrics_move() {
+    let registry = prometheus::Registry::new();
+    let pool = pgpipe::Pool::builder()
+        .url(&database_url())
+        .max_size(4)
+        .pipelining(true)
+        .registry(&registry)
+        .pool_name("bank")
+        .build()
+        .unwrap();
+    let state = AppState::new(pool, registry, &unique("bank"));
+    state.create_schema(50).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
+
+    // A few hundred concurrent reads, and transfers among them.
+    let mut requests = Vec::new();
+    for i in 0..300i64 {
+        requests.push(tokio::spawn(async move {
+            let id = i % 50 + 1;
+            if i % 10 == 0 {
+                let body = format!(r#"{{"from": {id}, "to": {}, "amount": 1}}"#, id % 50 + 1);
+                let (status, _) = call(addr, Method::POST, "/transfers", &body).await;
+                assert_eq!(status, StatusCode::CREATED);
+            } else {
+                let (status, body) = call(addr, Method::GET, &format!("/accounts/{id}"), "").await;
+                assert_eq!(status, StatusCode::OK, "{body}");
+                let account: Account = serde_json::from_str(&body).unwrap();
+                assert_eq!(account.id, id, "the answer is for the account asked about");
+                assert_eq!(account.total, 50 * 100, "money is never created or lost");
+            }
+        }));
+    }
+    for request in requests {
+        tokio::time::timeout(Duration::from_secs(30), request)
+            .await
+            .expect("no request hangs")
+            .unwrap();
+    }
+    let (status, _) = call(addr, Method::GET, "/accounts/999", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let (status, scrape) = call(addr, Method::GET, "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let ok = series(
+        &scrape,
+        "pgpipe_queries_total",
+        r#"mode="pipelined",outcome="ok",pool="bank""#,
+    );
+    assert!(ok >= 270.0 * 3.0, "{ok} pipelined queries");
+    assert!(
+        series(
+            &scrape,
+            "pgpipe_pipeline_batch_size_count",
+            r#"pool="bank""#
+        ) > 0.0
+    );
+    assert!(
+        series(
+            &scrape,
+            "pgpipe_pipeline_round_trips_saved_total",
+            r#"pool="bank""#
+        ) > 0.0
+    );
+    assert!(
+        series(
+            &scrape,
+            "pgpipe_connection_wait_seconds_count",
+            r#"pool="bank""#
+        ) > 0.0
+    );
+
+    server.abort();
+    state.drop_schema().await.unwrap();
+}

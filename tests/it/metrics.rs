@@ -1,0 +1,134 @@
+//! The metrics work: exported, named, labelled and consistent. Their
+//! accuracy against outside ground truth is tested in `tests/truth`, which
+//! runs alone so that timing is not disturbed by other tests.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pgpipe::Pool;
+use prometheus::{Encoder, Registry, TextEncoder};
+
+use crate::support::{Scrape, app, builder, echo_load, settle};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn depth_stays_non_negative_and_returns_to_zero() {
+    let registry = Registry::new();
+    let pool = builder(&app("depth"))
+        .max_size(2)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let load = {
+        let pool = pool.clone();
+        tokio::spawn(async move { echo_load(&pool, 64, 300).await })
+    };
+    let mut peak: f64 = 0.0;
+    while !load.is_finished() {
+        let scrape = Scrape::of(&registry);
+        for name in [
+            "pgpipe_pipeline_depth",
+            "pgpipe_pipeline_queue_depth",
+            "pgpipe_pipeline_depth_max",
+        ] {
+            assert!(scrape.value(name, &[]) >= 0.0, "{name} is negative");
+        }
+        peak = peak.max(scrape.value("pgpipe_pipeline_depth_max", &[]));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    load.await.unwrap();
+    settle(&pool).await;
+    let scrape = Scrape::of(&registry);
+    assert_eq!(scrape.value("pgpipe_pipeline_depth", &[]), 0.0);
+    assert_eq!(scrape.value("pgpipe_pipeline_queue_depth", &[]), 0.0);
+    assert!((2.0..=64.0).contains(&peak), "peak depth {peak}");
+    let ok = scrape.value(
+        "pgpipe_queries_total",
+        &[("mode", "pipelined"), ("outcome", "ok")],
+    );
+    assert_eq!(ok, 64.0 * 300.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_pools_share_one_registry() {
+    let registry = Registry::new();
+    let orders = builder(&app("two_a"))
+        .pool_name("orders")
+        .pipelining(true)
+        .max_size(2)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let default_name = Pool::builder()
+        .url("postgres://someone:sentinel-secret@127.0.0.1:5432/postgres")
+        .registry(&registry)
+        .build()
+        .unwrap();
+    orders.query("SELECT 1", &[]).await.unwrap();
+    let duplicate = builder(&app("two_b"))
+        .pool_name("orders")
+        .registry(&registry)
+        .build();
+    assert_eq!(duplicate.unwrap_err().kind(), pgpipe::ErrorKind::Config);
+
+    let scrape = Scrape::of(&registry);
+    let ok = [("mode", "pipelined"), ("outcome", "ok")];
+    assert_eq!(
+        scrape.value("pgpipe_queries_total", &[("pool", "orders"), ok[0], ok[1]]),
+        1.0
+    );
+    let text = TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap();
+    assert!(
+        text.contains("pool=\"127.0.0.1:5432/postgres\""),
+        "default name"
+    );
+    assert!(!text.contains("sentinel-secret") && !text.contains("someone"));
+    drop(default_name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_scrape_passes_promtool() {
+    let registry = Registry::new();
+    let pool = Arc::new(
+        builder(&app("promtool"))
+            .pipelining(true)
+            .max_size(2)
+            .registry(&registry)
+            .build()
+            .unwrap(),
+    );
+    echo_load(&pool, 8, 20).await;
+    let _ = pool.query("SELECT 1/0", &[]).await;
+    let mut text = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut text)
+        .unwrap();
+    let Some(promtool) = which("promtool") else {
+        eprintln!("promtool is not installed; skipping `promtool check metrics`");
+        return;
+    };
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(&text).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let report = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && report.trim().is_empty(),
+        "promtool: {report}"
+    );
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|p| p.exists())
+}
