@@ -29,7 +29,7 @@ use pgpipe_proxy::Proxy;
 use pgpipe_test_support::{try_database_url, with_param};
 use report::Record;
 use sysstat::Cpu;
-use targets::{Kind, Target, Tuning};
+use targets::{Kind, Savings, Target, Tuning};
 use workload::{Window, Workload};
 
 const HELP: &str = "\
@@ -422,7 +422,7 @@ impl Cell {
             from: start + plan.warmup,
             until: start + plan.warmup + plan.duration,
         };
-        let sampler = tokio::spawn(sample(window, proxy.clone()));
+        let sampler = tokio::spawn(sample(window, proxy.clone(), Arc::clone(&target)));
         let measured = match self.rate {
             None => {
                 workload::closed_loop(
@@ -446,7 +446,11 @@ impl Cell {
                 .await
             }
         };
-        let (cpu, proxy_stats) = sampler.await?;
+        let Sampled {
+            cpu,
+            proxy: proxy_stats,
+            savings,
+        } = sampler.await?;
         let connections: i64 = admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
@@ -478,6 +482,9 @@ impl Cell {
             seconds,
             queries_per_sec: queries as f64 / seconds,
             requests_per_sec: measured.requests as f64 / seconds,
+            mean_ms: workload::mean_ms(&measured.latencies),
+            saved_ms_per_query: savings.map(|s| s.seconds * 1e3 / queries.max(1) as f64),
+            round_trips_saved_share: savings.map(|s| s.round_trips / queries.max(1) as f64),
             p50_ms: workload::quantile_ms(&measured.latencies, 0.50),
             p99_ms: workload::quantile_ms(&measured.latencies, 0.99),
             p999_ms: workload::quantile_ms(&measured.latencies, 0.999),
@@ -511,13 +518,32 @@ impl Cell {
             record.errors,
             record.mismatches,
         );
+        if let (Some(share), Some(saved)) =
+            (record.round_trips_saved_share, record.saved_ms_per_query)
+        {
+            eprintln!(
+                "{:>40} pgpipe: {:.0}% of queries rode along, {saved:.2} ms saved each (est.)",
+                "",
+                share * 100.0
+            );
+        }
         Ok(record)
     }
 }
 
 /// CPU used during the window, and the proxy's Syncs and Sync-carrying
 /// chunks upstream.
-async fn sample(window: Window, proxy: Option<Arc<Proxy>>) -> (Cpu, Option<(u64, u64)>) {
+/// What changed during the window besides the answers.
+#[derive(Debug, Default)]
+struct Sampled {
+    cpu: Cpu,
+    /// The proxy's Syncs and Sync-carrying chunks upstream.
+    proxy: Option<(u64, u64)>,
+    /// pgpipe's own savings figures.
+    savings: Option<Savings>,
+}
+
+async fn sample(window: Window, proxy: Option<Arc<Proxy>>, target: Arc<Target>) -> Sampled {
     let upstream = |p: &Proxy| {
         let up = p.stats().upstream;
         (up.messages, up.chunks_with_messages)
@@ -525,6 +551,7 @@ async fn sample(window: Window, proxy: Option<Arc<Proxy>>) -> (Cpu, Option<(u64,
     tokio::time::sleep_until(window.from.into()).await;
     let cpu_before = Cpu::now(proxy.as_deref());
     let proxy_before = proxy.as_deref().map(upstream);
+    let savings_before = target.savings();
     tokio::time::sleep_until(window.until.into()).await;
     let cpu = Cpu::now(proxy.as_deref()).since(cpu_before);
     let proxy_delta = proxy
@@ -532,7 +559,18 @@ async fn sample(window: Window, proxy: Option<Arc<Proxy>>) -> (Cpu, Option<(u64,
         .map(upstream)
         .zip(proxy_before)
         .map(|(after, before)| (after.0 - before.0, after.1 - before.1));
-    (cpu, proxy_delta)
+    let savings = target
+        .savings()
+        .zip(savings_before)
+        .map(|(after, before)| Savings {
+            round_trips: after.round_trips - before.round_trips,
+            seconds: after.seconds - before.seconds,
+        });
+    Sampled {
+        cpu,
+        proxy: proxy_delta,
+        savings,
+    }
 }
 
 /// Waits (up to 3 s) until the cell's connections have left the server, so

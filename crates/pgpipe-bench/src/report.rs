@@ -25,6 +25,12 @@ pub(crate) struct Record {
     pub(crate) seconds: f64,
     pub(crate) queries_per_sec: f64,
     pub(crate) requests_per_sec: f64,
+    /// Mean request latency.
+    pub(crate) mean_ms: f64,
+    /// pgpipe's own estimate of latency saved per query.
+    pub(crate) saved_ms_per_query: Option<f64>,
+    /// pgpipe's count of round trips saved, per query.
+    pub(crate) round_trips_saved_share: Option<f64>,
     pub(crate) p50_ms: f64,
     pub(crate) p99_ms: f64,
     pub(crate) p999_ms: f64,
@@ -144,8 +150,10 @@ pub(crate) fn markdown(records: &[Record], target_order: &[String]) -> String {
         if hol {
             out.push_str(" slow p99 ms | slow/s |");
         }
-        out.push_str(" conns | syncs/write | client µs/q | server µs/q | errors |\n|");
-        let columns = if hol { 15 } else { 13 };
+        out.push_str(
+            " conns | syncs/write | saved ms/q: est. / vs off | client µs/q | server µs/q | errors |\n|",
+        );
+        let columns = if hol { 16 } else { 14 };
         out.push_str(&"---|".repeat(columns));
         out.push('\n');
         let order = |name: &str| {
@@ -186,9 +194,26 @@ pub(crate) fn markdown(records: &[Record], target_order: &[String]) -> String {
                     r.slow_per_sec.unwrap_or(0.0)
                 );
             }
+            // pgpipe's own estimate of latency saved per query, beside the
+            // measured difference in mean latency against the same pool
+            // with pipelining off (same size, same cell).
+            let pipelined = r.target.starts_with("pgpipe on");
+            let saved =
+                r.saved_ms_per_query
+                    .filter(|_| pipelined)
+                    .map_or("–".to_string(), |est| {
+                        let off = r.target.replace("pgpipe on", "pgpipe off");
+                        let measured = rows
+                            .iter()
+                            .find(|p| p.tasks == r.tasks && p.rate == r.rate && p.target == off)
+                            .map_or("–".to_string(), |p| {
+                                format!("{:.2}", p.mean_ms - r.mean_ms)
+                            });
+                        format!("{est:.2} / {measured}")
+                    });
             let _ = writeln!(
                 out,
-                " {} | {} | {:.1} | {:.1} | {} |",
+                " {} | {} | {saved} | {:.1} | {:.1} | {} |",
                 r.connections,
                 r.syncs_per_write.map_or("–".into(), |x| format!("{x:.1}")),
                 r.client_cpu_us_per_query,

@@ -63,7 +63,7 @@ pub(crate) struct Tuning {
 
 /// A pool ready to run queries.
 pub(crate) enum Target {
-    Pgpipe(pgpipe::Pool),
+    Pgpipe(pgpipe::Pool, prometheus::Registry),
     Deadpool(deadpool_postgres::Pool),
     Shared(SharedClient),
 }
@@ -101,7 +101,8 @@ impl Target {
                 if let (Kind::PgpipeOn(_), Some(window)) = (kind, tuning.window) {
                     builder = builder.batch_window(window);
                 }
-                Target::Pgpipe(builder.build()?)
+                let registry = prometheus::Registry::new();
+                Target::Pgpipe(builder.registry(&registry).build()?, registry)
             }
             Kind::Deadpool(n) => {
                 let config: tokio_postgres::Config = url.parse()?;
@@ -140,7 +141,7 @@ impl Target {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, BoxError> {
         match self {
-            Target::Pgpipe(pool) => Ok(pool.query(sql, params).await?),
+            Target::Pgpipe(pool, _) => Ok(pool.query(sql, params).await?),
             Target::Deadpool(pool) => {
                 let client = pool.get().await?;
                 let statement = client.prepare_cached(sql).await?;
@@ -158,17 +159,47 @@ impl Target {
 
     pub(crate) fn close(&self) {
         match self {
-            Target::Pgpipe(pool) => pool.close(),
+            Target::Pgpipe(pool, _) => pool.close(),
             Target::Deadpool(pool) => pool.close(),
             Target::Shared(_) => {}
         }
     }
 }
 
+/// pgpipe's own figures: round trips saved and latency saved (seconds).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Savings {
+    pub(crate) round_trips: f64,
+    pub(crate) seconds: f64,
+}
+
+impl Target {
+    /// pgpipe's savings counters so far; `None` for other pools.
+    pub(crate) fn savings(&self) -> Option<Savings> {
+        let Target::Pgpipe(_, registry) = self else {
+            return None;
+        };
+        let mut savings = Savings::default();
+        for family in registry.gather() {
+            let total: f64 = family
+                .get_metric()
+                .iter()
+                .map(|m| m.get_counter().get_value())
+                .sum();
+            match family.name() {
+                "pgpipe_pipeline_round_trips_saved_total" => savings.round_trips = total,
+                "pgpipe_pipeline_latency_saved_seconds_total" => savings.seconds = total,
+                _ => {}
+            }
+        }
+        Some(savings)
+    }
+}
+
 impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Pgpipe(pool) => pool.fmt(f),
+            Target::Pgpipe(pool, _) => pool.fmt(f),
             Target::Deadpool(pool) => f.debug_tuple("Deadpool").field(&pool.status()).finish(),
             Target::Shared(_) => f.write_str("SharedClient"),
         }

@@ -298,6 +298,14 @@ pub(crate) async fn open_loop(
     measured
 }
 
+/// The mean of microsecond samples, in milliseconds.
+pub(crate) fn mean_ms(samples: &[u32]) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    samples.iter().map(|&s| f64::from(s)).sum::<f64>() / samples.len() as f64 / 1000.0
+}
+
 /// The `q`-quantile of sorted microsecond samples, in milliseconds.
 pub(crate) fn quantile_ms(sorted: &[u32], q: f64) -> f64 {
     if sorted.is_empty() {

@@ -5,12 +5,12 @@
 //! parser. It reads frame headers only (a type byte and a length), never a
 //! payload.
 
-/// Walks message boundaries in one direction and counts two message types.
+/// Walks message boundaries in one direction and counts message types.
 #[derive(Debug)]
 pub(crate) struct MessageCounter {
-    /// The message type to count: `S` (Sync) upstream, `Z` (ReadyForQuery)
-    /// downstream.
-    kind: u8,
+    /// The message types to count: `S` (Sync) and `Q` (simple Query)
+    /// upstream, each answered by one `Z` (ReadyForQuery) downstream.
+    kinds: &'static [u8],
     /// A second type to count: `P` (Parse) upstream.
     second: Option<u8>,
     /// Upstream starts with an untyped start-up packet.
@@ -31,17 +31,17 @@ const GSSENC_REQUEST: u32 = 80_877_104;
 impl MessageCounter {
     /// Counts Sync messages from a client.
     pub(crate) fn upstream() -> MessageCounter {
-        MessageCounter::new(b'S', Some(b'P'), true)
+        MessageCounter::new(b"SQ", Some(b'P'), true)
     }
 
     /// Counts ReadyForQuery messages from a server.
     pub(crate) fn downstream() -> MessageCounter {
-        MessageCounter::new(b'Z', None, false)
+        MessageCounter::new(b"Z", None, false)
     }
 
-    fn new(kind: u8, second: Option<u8>, startup: bool) -> MessageCounter {
+    fn new(kinds: &'static [u8], second: Option<u8>, startup: bool) -> MessageCounter {
         MessageCounter {
-            kind,
+            kinds,
             second,
             seconds: 0,
             startup,
@@ -66,7 +66,7 @@ impl MessageCounter {
                 let take = self.body_left.min(bytes.len() as u64);
                 self.body_left -= take;
                 bytes = &bytes[take as usize..];
-                if self.body_left == 0 && self.current == self.kind {
+                if self.body_left == 0 && self.kinds.contains(&self.current) {
                     counted += 1;
                 }
                 continue;
@@ -116,7 +116,7 @@ impl MessageCounter {
                     self.seconds += 1;
                 }
                 self.body_left = (len - 4) as u64;
-                if self.body_left == 0 && self.current == self.kind {
+                if self.body_left == 0 && self.kinds.contains(&self.current) {
                     counted += 1;
                 }
             }

@@ -255,6 +255,7 @@ async fn pipe(
             if timer.sleep_until(stamp + control.delay()).await.is_err() {
                 return;
             }
+
             control.while_stalled().await;
             let due = match direction {
                 Direction::Downstream => control.spend(chunk.len()),

@@ -12,7 +12,8 @@
 //!   load. [`Proxy::realtime`] says whether it got it; [`Proxy::cpu_time`]
 //!   says what it cost.
 //! - **Ground truth.** It counts what it forwards: chunks, bytes, and `Sync`
-//!   and `Parse` messages upstream and `ReadyForQuery` messages downstream.
+//!   (and simple `Query`) and `Parse` messages upstream and `ReadyForQuery`
+//!   messages downstream.
 //! - **Faults.** [`stall`](Proxy::stall) stops forwarding and keeps the
 //!   sockets open, [`cut`](Proxy::cut) closes every connection, and
 //!   [`reset_after`](Proxy::reset_after) resets one with a TCP RST after a
@@ -125,7 +126,8 @@ pub struct DirectionStats {
     pub chunks: u64,
     /// Bytes forwarded.
     pub bytes: u64,
-    /// Messages counted: `Sync` upstream, `ReadyForQuery` downstream.
+    /// Requests counted upstream (`Sync` and simple `Query`, each answered
+    /// by one `ReadyForQuery`), and `ReadyForQuery` downstream.
     pub messages: u64,
     /// Chunks that carried at least one counted message.
     pub chunks_with_messages: u64,

@@ -7,14 +7,11 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use tokio::io::unix::AsyncFd;
-
-/// Below this, waiting costs more than it is worth: return at once.
-const SLACK: Duration = Duration::from_micros(20);
 
 /// A one-shot precise timer; one per task that sleeps.
 #[derive(Debug)]
@@ -49,8 +46,10 @@ impl PreciseTimer {
 
     /// Sleeps until `deadline`.
     pub(crate) async fn sleep_until(&self, deadline: Instant) -> io::Result<()> {
+        // Never early: a chunk forwarded before its time would make the
+        // network look faster than it is.
         let now = Instant::now();
-        if deadline <= now + SLACK {
+        if deadline <= now {
             return Ok(());
         }
         let wait = TimeSpec::from_duration(deadline - now);
@@ -73,6 +72,7 @@ impl PreciseTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn sleeps_sub_millisecond_delays_precisely() {

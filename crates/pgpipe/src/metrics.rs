@@ -320,7 +320,8 @@ impl PoolCollector {
             rtt: Gauge::with_opts(opts(
                 "pipeline_rtt_seconds",
                 "Round-trip estimate: a smoothed average of solitary round trips (a write to \
-                 an idle connection until its first answer), slow queries left out.",
+                 an idle connection until its first answer), leaving out any over 1.5 times \
+                 the recent minimum (slow queries, answers read late).",
                 name,
             ))?,
             latency_saved_recent: Gauge::with_opts(opts(

@@ -52,7 +52,8 @@ pub(crate) struct ConnState {
     /// The session may carry state from an exclusive user or a quarantine;
     /// reset it before the connection is shared again.
     pub(crate) needs_reset: AtomicBool,
-    /// Sync messages written.
+    /// Requests written: Sync, simple Query and the start-up packet, each
+    /// answered by one ReadyForQuery.
     pub(crate) syncs: AtomicU64,
     /// ReadyForQuery messages read.
     pub(crate) readies: AtomicU64,
@@ -97,10 +98,12 @@ pub(crate) struct PoolWire {
     pub(crate) metrics: Option<Arc<Metrics>>,
 }
 
-/// The round-trip estimate: a smoothed average (EWMA, 1/8) of solitary
-/// round trips (a write to an idle connection until its first answer),
-/// ignoring samples over four times the smallest of the last 5 to 10 s, so
-/// that a slow query sent alone does not count as a slow network.
+/// The round-trip estimate from solitary round trips (a write to an idle
+/// connection until its first answer): it drops at once to a smaller sample
+/// and rises by an eighth of the difference (an EWMA) on a larger one, and
+/// ignores samples over 1.5 times the smallest of the last 5 to 10 s, so
+/// that a slow query sent alone, or an answer read late by a busy client,
+/// does not count as a slow network.
 #[derive(Debug)]
 pub(crate) struct RttFilter {
     /// Windowed minimum: the current window and the one before.
@@ -127,17 +130,16 @@ impl RttFilter {
         let nanos = u64::try_from(rtt.as_nanos()).unwrap_or(NO_SAMPLE - 1);
         self.current.fetch_min(nanos, Ordering::AcqRel);
         let floor = self.floor_nanos();
-        if nanos > floor.saturating_mul(4) {
-            return; // a slow query, not a slow network
+        if nanos > floor.saturating_add(floor / 2) {
+            return; // a slow query or a busy client, not a slow network
         }
         let _ = self
             .smoothed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-                Some(if old == NO_SAMPLE {
+                Some(if old == NO_SAMPLE || nanos <= old {
                     nanos
                 } else {
-                    // old + (new - old) / 8, in signed arithmetic.
-                    (old as i64 + (nanos as i64 - old as i64) / 8) as u64
+                    old + (nanos - old) / 8
                 })
             });
     }
@@ -344,22 +346,40 @@ impl<S> TappedStream<S> {
         }
     }
 
-    fn observe_write(&mut self, bytes: &[u8]) {
-        let mut syncs = 0;
-        self.outbound.feed(bytes, |message| {
-            // Sync ends a request; the untyped start-up packet (kind 0) is
-            // answered by a ReadyForQuery too, so it counts as one.
-            if message.kind == b'S' || message.kind == 0 {
-                syncs += 1;
-            }
+    /// Before a write: if the connection is idle (and no round trip is being
+    /// timed), the time to time one from. Taken *before* the write, so that
+    /// the thread being preempted between the system call and the clock
+    /// read (milliseconds, on a busy host) can only make a sample longer,
+    /// which the estimate ignores, never shorter, which it would believe.
+    fn probe_start(&self) -> Option<Instant> {
+        let idle =
+            self.state.syncs.load(Ordering::Acquire) == self.state.readies.load(Ordering::Acquire);
+        (idle && self.probe.is_none()).then(Instant::now)
+    }
+
+    fn observe_write(&mut self, bytes: &[u8], probe_start: Option<Instant>) {
+        // Requests are what the server answers with one ReadyForQuery
+        // each: a Sync ends an extended-protocol request (the pipelined
+        // queries); a simple Query (a `batch_execute`, the pool's own
+        // session reset) and the untyped start-up packet are requests too,
+        // but take no part in batching, and the start-up (several round
+        // trips of authentication) is no round-trip sample.
+        let (mut syncs, mut others) = (0, 0);
+        self.outbound.feed(bytes, |message| match message.kind {
+            b'S' => syncs += 1,
+            0 | b'Q' | b'F' => others += 1,
+            _ => {}
         });
+        if others > 0 {
+            self.state.syncs.fetch_add(others, Ordering::AcqRel);
+        }
         if syncs == 0 {
             return;
         }
         let before = self.state.syncs.fetch_add(syncs, Ordering::AcqRel);
         let idle = before == self.state.readies.load(Ordering::Acquire);
-        if idle && self.probe.is_none() {
-            self.probe = Some((Instant::now(), before + 1));
+        if let (true, Some(start)) = (idle, probe_start) {
+            self.probe = Some((start, before + 1));
         }
         if let Some(metrics) = &self.pool.metrics {
             if self.state.is_shared() {
@@ -403,9 +423,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TappedStream<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        let probe_start = self.probe_start();
         let result = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = result {
-            self.observe_write(&buf[..n]);
+            self.observe_write(&buf[..n], probe_start);
         }
         result
     }
@@ -441,6 +462,43 @@ mod tests {
             let seen = messages(Phase::Typed, &[a, b]);
             let syncs = seen.iter().filter(|(k, _)| *k == b'S').count();
             assert_eq!(syncs, 2, "split at {split}");
+        }
+    }
+
+    #[test]
+    fn random_streams_split_anywhere_are_counted_exactly() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..200 {
+            let mut stream = Vec::new();
+            let mut syncs = 0;
+            for _ in 0..(next() % 50) {
+                let kind = [b'B', b'E', b'S', b'P', b'D', b'C'][(next() % 6) as usize];
+                let body = if kind == b'S' {
+                    0
+                } else {
+                    (next() % 300) as usize
+                };
+                syncs += usize::from(kind == b'S');
+                stream.push(kind);
+                stream.extend_from_slice(&((body + 4) as i32).to_be_bytes());
+                stream.extend((0..body).map(|_| (next() % 256) as u8));
+            }
+            let mut framer = Framer::new(Phase::Typed);
+            let mut seen = 0;
+            let mut rest = stream.as_slice();
+            while !rest.is_empty() {
+                let n = 1 + (next() as usize % rest.len().min(97));
+                framer.feed(&rest[..n], |m| seen += usize::from(m.kind == b'S'));
+                rest = &rest[n..];
+            }
+            assert_eq!(seen, syncs);
+            assert_eq!(framer.phase, Phase::Typed);
         }
     }
 
@@ -482,11 +540,25 @@ mod tests {
         assert_eq!(filter.estimate(), None);
         filter.sample(Duration::from_micros(1000));
         assert_eq!(filter.estimate(), Some(Duration::from_micros(1000)));
+        filter.sample(Duration::from_micros(1400));
+        assert_eq!(filter.estimate(), Some(Duration::from_micros(1050)));
         filter.sample(Duration::from_micros(1800));
-        assert_eq!(filter.estimate(), Some(Duration::from_micros(1100)));
+        assert_eq!(
+            filter.estimate(),
+            Some(Duration::from_micros(1050)),
+            "too slow to count"
+        );
+        filter.sample(Duration::from_micros(1010));
+        assert_eq!(
+            filter.estimate(),
+            Some(Duration::from_micros(1010)),
+            "drops at once"
+        );
+        filter.sample(Duration::from_micros(1050));
+        assert_eq!(filter.estimate(), Some(Duration::from_micros(1015)));
         // A 20 ms query sent alone is not a 20 ms network.
         filter.sample(Duration::from_millis(20));
-        assert_eq!(filter.estimate(), Some(Duration::from_micros(1100)));
+        assert_eq!(filter.estimate(), Some(Duration::from_micros(1015)));
         // When the network really slows down, the old minimum ages out
         // (two windows later) and the estimate follows.
         for _ in 0..2 {
