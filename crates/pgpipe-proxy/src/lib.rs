@@ -85,10 +85,12 @@ impl ProxyBuilder {
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let thread_control = Arc::clone(&control);
         let realtime = self.realtime;
+        let (started, wait_started) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("pgpipe-proxy".into())
             .spawn(move || {
                 thread_control.started_on_this_thread(realtime);
+                let _ = started.send(());
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
@@ -100,6 +102,8 @@ impl ProxyBuilder {
                     shutdown_rx,
                 ));
             })?;
+        // So that `realtime()` and `cpu_time()` answer from the start.
+        let _ = wait_started.recv();
         Ok(Proxy {
             addr,
             control,
