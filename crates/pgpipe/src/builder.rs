@@ -125,6 +125,51 @@ impl PoolBuilder {
         self
     }
 
+    /// A deadline for each query's execution. Default: none. See
+    /// [`PoolConfig::query_timeout`].
+    pub fn query_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.config.query_timeout = timeout.into();
+        self
+    }
+
+    /// The server-side `statement_timeout`, set at connect time. Default:
+    /// the server's.
+    pub fn statement_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.config.statement_timeout = timeout.into();
+        self
+    }
+
+    /// How long a shared connection with queries in flight may receive
+    /// nothing before it is killed. Default: 60 s; `None` turns it off.
+    pub fn stall_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.config.stall_timeout = timeout.into();
+        self
+    }
+
+    /// Connections older than this drain and close. Default: 30 min.
+    pub fn max_lifetime(mut self, lifetime: impl Into<Option<Duration>>) -> Self {
+        self.config.max_lifetime = lifetime.into();
+        self
+    }
+
+    /// Idle connections unused for this long close. Default: 10 min.
+    pub fn idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.config.idle_timeout = timeout.into();
+        self
+    }
+
+    /// Most bytes of rows one query may return. Default: 64 MiB.
+    pub fn max_result_bytes(mut self, bytes: impl Into<Option<usize>>) -> Self {
+        self.config.max_result_bytes = bytes.into();
+        self
+    }
+
+    /// Most rows one query may return. Default: none.
+    pub fn max_result_rows(mut self, rows: impl Into<Option<usize>>) -> Self {
+        self.config.max_result_rows = rows.into();
+        self
+    }
+
     /// Registers the pool's metrics (see the README's list) into `registry`.
     /// Without one the pool keeps no metrics beyond [`Pool::status`].
     pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
@@ -165,6 +210,16 @@ impl PoolBuilder {
         self.config.validate().map_err(Error::config)?;
         if server.get_connect_timeout().is_none() {
             server.connect_timeout(self.config.connect_timeout);
+        }
+        if let Some(timeout) = self.config.statement_timeout {
+            // Set in the start-up packet: a session default, not a `SET`
+            // that a reset would undo.
+            let option = format!("-c statement_timeout={}", timeout.as_millis().max(1));
+            let options = match server.get_options() {
+                Some(existing) if !existing.is_empty() => format!("{existing} {option}"),
+                _ => option,
+            };
+            server.options(options);
         }
         let name = self
             .config

@@ -96,6 +96,51 @@ pub struct PoolConfig {
     ///
     /// Default: `host:port/dbname` of the first host.
     pub pool_name: Option<String>,
+    /// A deadline for each query's execution, once it has a connection (the
+    /// wait has `wait_timeout`). A query past it fails with
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout); on a shared
+    /// connection the pool stops routing new work to that connection and
+    /// cancels the query on the server only if nothing else is in flight
+    /// there (a cancel hits whatever the backend runs), else lets it finish
+    /// and discards the answer.
+    ///
+    /// Default: none.
+    pub query_timeout: Option<Duration>,
+    /// The server-side `statement_timeout` of every connection, set at
+    /// connect time. A query past it fails with SQLSTATE `57014`, alone.
+    ///
+    /// Default: none (the server's setting).
+    pub statement_timeout: Option<Duration>,
+    /// A shared connection with queries in flight that receives nothing for
+    /// this long is killed, and its queries fail with
+    /// [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost): a
+    /// stalled network or a hung backend would otherwise hold every query
+    /// on it. Exclusive connections are left alone (long reports belong
+    /// there). `None` turns the watchdog off.
+    ///
+    /// Default: 60 s.
+    pub stall_timeout: Option<Duration>,
+    /// Connections older than this are retired: no new work, in-flight work
+    /// finishes, then they close. Each connection's lifetime varies by up to
+    /// a tenth, so that connections opened together do not all close
+    /// together.
+    ///
+    /// Default: 30 min.
+    pub max_lifetime: Option<Duration>,
+    /// Idle connections unused for this long are closed.
+    ///
+    /// Default: 10 min.
+    pub idle_timeout: Option<Duration>,
+    /// Most bytes of rows one `query` may return; past it the query fails
+    /// with [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) (the rest of
+    /// its answer is read and discarded, and nobody else is affected).
+    ///
+    /// Default: 64 MiB.
+    pub max_result_bytes: Option<usize>,
+    /// Most rows one `query` may return, likewise.
+    ///
+    /// Default: none.
+    pub max_result_rows: Option<usize>,
 }
 
 impl Default for PoolConfig {
@@ -114,6 +159,13 @@ impl Default for PoolConfig {
             statement_cache_capacity: 256,
             max_exclusive: None,
             pool_name: None,
+            query_timeout: None,
+            statement_timeout: None,
+            stall_timeout: Some(Duration::from_secs(60)),
+            max_lifetime: Some(Duration::from_secs(30 * 60)),
+            idle_timeout: Some(Duration::from_secs(10 * 60)),
+            max_result_bytes: Some(64 << 20),
+            max_result_rows: None,
         }
     }
 }
@@ -151,6 +203,19 @@ impl PoolConfig {
         }
         if self.connect_timeout.is_zero() {
             return Err("connect_timeout must be above zero".into());
+        }
+        let positive = [
+            ("query_timeout", self.query_timeout),
+            ("statement_timeout", self.statement_timeout),
+            ("stall_timeout", self.stall_timeout),
+            ("max_lifetime", self.max_lifetime),
+            ("idle_timeout", self.idle_timeout),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, d)| d.is_some_and(|d| d.is_zero())) {
+            return Err(format!("{name} must be above zero (or unset)"));
+        }
+        if self.max_result_bytes == Some(0) || self.max_result_rows == Some(0) {
+            return Err("max_result_bytes and max_result_rows must be at least 1 (or unset)".into());
         }
         match self.max_exclusive {
             Some(0) => Err("max_exclusive must be at least 1".into()),

@@ -39,19 +39,27 @@ pub(crate) enum Socket {
 /// The stream type of every pooled connection.
 pub(crate) type PgStream = TappedStream<Socket>;
 
+/// Where a connection went: cancel requests open a socket there.
+#[derive(Debug, Clone)]
+pub(crate) enum Peer {
+    Tcp(std::net::SocketAddr),
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
 /// A new connection and the task-side half that drives its I/O.
 pub(crate) type Connected = (
     Client,
     Connection<PgStream, tokio_postgres::tls::NoTlsStream>,
 );
 
-/// Connects to the first host of `config` that accepts, returning the client
-/// and its connection half.
+/// Connects to the first host of `config` that accepts, returning the client,
+/// its connection half and where it went.
 pub(crate) async fn connect(
     config: &Config,
     state: Arc<ConnState>,
     wire: &Arc<PoolWire>,
-) -> Result<Connected, Error> {
+) -> Result<(Connected, Peer), Error> {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
     let count = hosts.len().max(addrs.len());
@@ -67,10 +75,10 @@ pub(crate) async fn connect(
             (None, None) => continue,
         };
         match open_socket(config, &host, port).await {
-            Ok(socket) => {
+            Ok((socket, peer)) => {
                 let stream = TappedStream::new(socket, Arc::clone(&state), Arc::clone(wire));
                 match config.connect_raw(stream, NoTls).await {
-                    Ok(connected) => return Ok(connected),
+                    Ok(connected) => return Ok((connected, peer)),
                     Err(e) => last = Some(Error::connect(e)),
                 }
             }
@@ -85,7 +93,7 @@ fn port_for(config: &Config, i: usize) -> u16 {
     ports.get(i).or(ports.first()).copied().unwrap_or(5432)
 }
 
-async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<Socket, Error> {
+async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<(Socket, Peer), Error> {
     match host {
         Host::Tcp(name) => {
             let addrs = with_timeout(config, tokio::net::lookup_host((name.as_str(), port)))
@@ -96,7 +104,7 @@ async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<Socket, 
                 match with_timeout(config, TcpStream::connect(addr)).await {
                     Ok(stream) => {
                         configure_tcp(config, &stream).map_err(socket_error)?;
-                        return Ok(Socket::Tcp(stream));
+                        return Ok((Socket::Tcp(stream), Peer::Tcp(addr)));
                     }
                     Err(e) => last = Some(e),
                 }
@@ -107,7 +115,7 @@ async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<Socket, 
         Host::Unix(dir) => {
             let path = dir.join(format!(".s.PGSQL.{port}"));
             let stream = with_timeout(config, UnixStream::connect(&path)).await?;
-            Ok(Socket::Unix(stream))
+            Ok((Socket::Unix(stream), Peer::Unix(path)))
         }
     }
 }
@@ -161,6 +169,22 @@ fn socket_error(e: io::Error) -> Error {
 
 fn connect_error(message: &str) -> Error {
     Error::new(ErrorKind::Connect, message)
+}
+
+/// Asks the server to cancel whatever `token`'s backend is running, over a
+/// new socket to `peer`. Best effort: the answer is never awaited.
+pub(crate) async fn cancel(peer: &Peer, token: &tokio_postgres::CancelToken) {
+    let _ = match peer {
+        Peer::Tcp(addr) => match TcpStream::connect(addr).await {
+            Ok(stream) => token.cancel_query_raw(stream, NoTls).await,
+            Err(_) => return,
+        },
+        #[cfg(unix)]
+        Peer::Unix(path) => match UnixStream::connect(path).await {
+            Ok(stream) => token.cancel_query_raw(stream, NoTls).await,
+            Err(_) => return,
+        },
+    };
 }
 
 /// Runs the `target_session_attrs` check that `connect_raw` skips.

@@ -63,6 +63,12 @@ impl Connection {
     }
 }
 
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.object.returned();
+    }
+}
+
 impl Deref for Connection {
     type Target = Client;
 

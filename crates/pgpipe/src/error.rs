@@ -55,6 +55,11 @@ pub enum ErrorKind {
     Connect,
     /// The server sent something the client could not parse.
     Protocol,
+    /// The request is larger than the server accepts (a message over
+    /// 1 GiB − 1 would make it drop the connection, and every query sharing
+    /// it), or the result larger than `max_result_bytes`/`max_result_rows`.
+    /// Nothing else was affected.
+    TooLarge,
 }
 
 impl ErrorKind {
@@ -72,6 +77,7 @@ impl ErrorKind {
             ErrorKind::Config => "invalid configuration",
             ErrorKind::Connect => "could not connect",
             ErrorKind::Protocol => "protocol error",
+            ErrorKind::TooLarge => "too large",
         }
     }
 }
@@ -87,6 +93,8 @@ struct Inner {
     kind: ErrorKind,
     message: Option<String>,
     source: Option<Source>,
+    /// The query was never sent: the pool may run it elsewhere.
+    unsent: bool,
 }
 
 /// The cause, kept typed so that `as_db_error` works without downcasting
@@ -133,6 +141,7 @@ impl Error {
             kind,
             message: Some(message.into()),
             source: None,
+            unsent: false,
         }))
     }
 
@@ -141,6 +150,7 @@ impl Error {
             kind,
             message: None,
             source: Some(Source::Pg(error)),
+            unsent: false,
         }))
     }
 
@@ -153,7 +163,20 @@ impl Error {
             kind,
             message: Some(message.into()),
             source: Some(Source::Other(source.into())),
+            unsent: false,
         }))
+    }
+
+    /// Marks an error of a query that never left the client, so the pool
+    /// may run it on another connection.
+    pub(crate) fn unsent(mut self) -> Error {
+        self.0.unsent = true;
+        self
+    }
+
+    /// Whether [`unsent`](Error::unsent) marked it.
+    pub(crate) fn is_unsent(&self) -> bool {
+        self.0.unsent
     }
 
     pub(crate) fn config(message: impl Into<String>) -> Error {
@@ -256,6 +279,7 @@ impl Error {
             kind,
             message: None,
             source: Some(Source::SharedPg(Arc::clone(error))),
+            unsent: false,
         }))
     }
 }

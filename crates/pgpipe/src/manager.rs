@@ -5,13 +5,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, RecycleError, RecycleResult};
 use tokio_postgres::Client;
 
-use crate::connect;
+use crate::connect::{self, Peer};
 use crate::error::Error;
-use crate::metrics::{CloseReason, Metrics};
+use crate::metrics::CloseReason;
 use crate::statement_cache::StatementCache;
 use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, PoolWire};
 
@@ -22,15 +23,23 @@ pub(crate) struct PgConn {
     pub(crate) client: Client,
     pub(crate) state: Arc<ConnState>,
     pub(crate) cache: Arc<StatementCache>,
-    metrics: Option<Arc<Metrics>>,
-    /// Set when the pool itself decided to close it.
-    close_reason: Option<CloseReason>,
+    /// Where the socket went, for cancel requests.
+    pub(crate) peer: Peer,
+    /// When it was opened, and how long it may live (jittered).
+    created: Instant,
+    lifetime: Option<Duration>,
+    wire: Arc<PoolWire>,
 }
 
 impl PgConn {
     /// True once the connection's I/O task has ended.
     pub(crate) fn is_dead(&self) -> bool {
         self.client.is_closed() || self.state.load.load(Ordering::Acquire) & DEAD != 0
+    }
+
+    /// Whether it has outlived `max_lifetime`.
+    pub(crate) fn is_expired(&self) -> bool {
+        self.lifetime.is_some_and(|max| self.created.elapsed() >= max)
     }
 
     /// Clears the session an exclusive user may have left behind, so the
@@ -55,15 +64,29 @@ impl PgConn {
     }
 
     /// Notes why the pool is about to drop this connection.
-    pub(crate) fn closing(&mut self, reason: CloseReason) {
-        self.close_reason = Some(reason);
+    pub(crate) fn closing(&self, reason: CloseReason) {
+        self.state.closing(reason);
+    }
+
+    /// Notes that it went back to the idle set now (for `idle_timeout`).
+    pub(crate) fn returned(&self) {
+        let now = self.wire.clock.load(Ordering::Relaxed);
+        self.state.idle_since.store(now, Ordering::Relaxed);
+    }
+
+    /// Asks the server to cancel what this connection's backend runs now.
+    pub(crate) fn cancel(&self) {
+        let (peer, token) = (self.peer.clone(), self.client.cancel_token());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { connect::cancel(&peer, &token).await });
+        }
     }
 }
 
 impl Drop for PgConn {
     fn drop(&mut self) {
-        if let Some(metrics) = &self.metrics {
-            let reason = match self.close_reason {
+        if let Some(metrics) = &self.wire.metrics {
+            let reason = match self.state.close_reason() {
                 Some(reason) => reason,
                 None if self.is_dead() => CloseReason::Broken,
                 None => CloseReason::Shutdown,
@@ -122,7 +145,17 @@ impl<F: Future> Future for StepAside<F> {
 pub(crate) struct Manager {
     pub(crate) config: tokio_postgres::Config,
     pub(crate) statement_cache_capacity: usize,
+    pub(crate) max_lifetime: Option<Duration>,
     pub(crate) wire: Arc<PoolWire>,
+}
+
+/// A lifetime shortened by up to a tenth, at random, so that connections
+/// opened together do not all expire together.
+fn jitter(lifetime: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let random = RandomState::new().hash_one(Instant::now());
+    let tenth = lifetime.as_nanos() as u64 / 10;
+    lifetime.saturating_sub(Duration::from_nanos(random % tenth.max(1)))
 }
 
 impl managed::Manager for Manager {
@@ -131,33 +164,42 @@ impl managed::Manager for Manager {
 
     async fn create(&self) -> Result<PgConn, Error> {
         let state = Arc::new(ConnState::default());
-        let (client, connection) =
+        let ((client, connection), peer) =
             connect::connect(&self.config, Arc::clone(&state), &self.wire).await?;
         let io_state = Arc::clone(&state);
-        tokio::spawn(async move {
+        let io = tokio::spawn(async move {
             // The error, if any, reaches every request in flight through its
             // response channel; here only the fact that the link is gone
             // matters.
             let _ = StepAside::new(connection, Arc::clone(&io_state)).await;
             io_state.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
         });
+        state.set_io(io.abort_handle());
+        let now = self.wire.clock.load(Ordering::Relaxed);
+        state.last_read.store(now, Ordering::Relaxed);
+        state.idle_since.store(now, Ordering::Relaxed);
         connect::check_session_attrs(&self.config, &client).await?;
-        let metrics = self.wire.metrics.clone();
-        if let Some(metrics) = &metrics {
+        if let Some(metrics) = &self.wire.metrics {
             metrics.created.inc();
         }
         Ok(PgConn {
             client,
             state,
             cache: StatementCache::new(self.statement_cache_capacity),
-            metrics,
-            close_reason: None,
+            peer,
+            created: Instant::now(),
+            lifetime: self.max_lifetime.map(jitter),
+            wire: Arc::clone(&self.wire),
         })
     }
 
     async fn recycle(&self, conn: &mut PgConn, _: &managed::Metrics) -> RecycleResult<Error> {
         if conn.is_dead() {
             return Err(RecycleError::message("connection is closed"));
+        }
+        if conn.is_expired() {
+            conn.closing(CloseReason::MaxLifetime);
+            return Err(RecycleError::message("connection reached max_lifetime"));
         }
         // An exclusive user may have left a transaction open (a `BEGIN`
         // through the raw client, a dropped `Transaction` whose rollback is

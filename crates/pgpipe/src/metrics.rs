@@ -64,7 +64,9 @@ fn outcome(result: Result<(), &Error>) -> usize {
     match result.err().map(Error::kind) {
         None => 0,
         Some(ErrorKind::Db) => 1,
-        Some(ErrorKind::Params | ErrorKind::RowCount | ErrorKind::Protocol) => 2,
+        Some(
+            ErrorKind::Params | ErrorKind::RowCount | ErrorKind::Protocol | ErrorKind::TooLarge,
+        ) => 2,
         Some(ErrorKind::ConnectionLost) => 3,
         Some(ErrorKind::Timeout) => 4,
         Some(ErrorKind::Connect) => 6,
@@ -101,9 +103,37 @@ pub(crate) enum CloseReason {
     ResetFailed = 1,
     /// The pool was closed or shrunk.
     Shutdown = 2,
+    /// It reached `max_lifetime`.
+    MaxLifetime = 3,
+    /// It sat unused for `idle_timeout`.
+    Idle = 4,
+    /// The watchdog killed it: queries in flight, nothing received for
+    /// `stall_timeout`.
+    Stalled = 5,
 }
 
-const CLOSE_REASONS: [&str; 3] = ["broken", "reset_failed", "shutdown"];
+impl CloseReason {
+    pub(crate) fn from_u8(n: u8) -> Option<CloseReason> {
+        Some(match n {
+            0 => CloseReason::Broken,
+            1 => CloseReason::ResetFailed,
+            2 => CloseReason::Shutdown,
+            3 => CloseReason::MaxLifetime,
+            4 => CloseReason::Idle,
+            5 => CloseReason::Stalled,
+            _ => return None,
+        })
+    }
+}
+
+const CLOSE_REASONS: [&str; 6] = [
+    "broken",
+    "reset_failed",
+    "shutdown",
+    "max_lifetime",
+    "idle",
+    "stalled",
+];
 
 /// Why a shared connection was quarantined.
 pub(crate) const QUARANTINE_REASONS: [&str; 2] = ["transaction", "session_state"];

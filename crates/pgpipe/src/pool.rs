@@ -1,6 +1,7 @@
 //! [`Pool`]: the public face of the crate.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -14,7 +15,8 @@ use crate::builder::PoolBuilder;
 use crate::config::PoolConfig;
 use crate::connection::{Connection, Owner};
 use crate::error::Error;
-use crate::exec::{self, Op, Output, Prepare};
+use crate::exec::{self, Limits, Op, Output, Prepare};
+use crate::shared::SharedConn;
 use crate::manager::Manager;
 use crate::metrics::{self, Metrics, Mode};
 use crate::session;
@@ -53,9 +55,6 @@ pub(crate) struct PoolInner {
     pub(crate) exclusive_waiting: AtomicUsize,
     closed: AtomicBool,
     housekeeping: AtomicBool,
-    /// Ticks of [`TICK`] since housekeeping started; a clock the hot path can
-    /// read without a system call.
-    pub(crate) clock: AtomicU64,
     /// What the connections' socket taps report.
     pub(crate) wire: Arc<PoolWire>,
     /// Metric handles, when a registry was given.
@@ -92,12 +91,13 @@ impl Pool {
             None => None,
         };
         let wire = Arc::new(PoolWire {
-            rtt: Default::default(),
             metrics: metrics.clone(),
+            ..PoolWire::default()
         });
         let manager = Manager {
             config: server,
             statement_cache_capacity: config.statement_cache_capacity,
+            max_lifetime: config.max_lifetime,
             wire: Arc::clone(&wire),
         };
         let pg = deadpool::managed::Pool::builder(manager)
@@ -115,7 +115,6 @@ impl Pool {
             exclusive_waiting: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             housekeeping: AtomicBool::new(false),
-            clock: AtomicU64::new(0),
             wire,
             metrics,
             depth_high: AtomicU64::new(0),
@@ -227,23 +226,38 @@ impl Pool {
             return Err(Error::closed());
         }
         inner.start_housekeeping();
+        let limits = inner.limits();
         if !inner.config.pipelining {
             let conn = inner.checkout().await?;
             inner.waited(waiting);
-            return exec::run(conn.pg_conn(), Prepare::Inline, sql, params, op).await;
+            let conn = conn.pg_conn();
+            let run = exec::run(conn, Prepare::Inline, sql, params, op, limits);
+            // Alone on its connection: a cancel can only hit this query.
+            return inner.within_deadline(run, || conn.cancel()).await;
         }
-        let slot = inner.reserve().await?;
-        inner.waited(waiting);
-        let window = inner.config.batch_window;
-        if slot.ahead > 0 && !window.is_zero() {
-            let held = Instant::now();
-            slot.conn.gate.pass(window, inner.config.max_batch).await;
-            if let Some(metrics) = &inner.metrics {
-                metrics.flush_wait.observe(held.elapsed().as_secs_f64());
+        // A query that never left the client (its connection died first)
+        // is run on another connection; once sent, never again.
+        let mut attempts = 0;
+        loop {
+            let slot = inner.reserve().await?;
+            if attempts == 0 {
+                inner.waited(waiting);
+            }
+            let window = inner.config.batch_window;
+            if slot.ahead > 0 && !window.is_zero() {
+                let held = Instant::now();
+                slot.conn.gate.pass(window, inner.config.max_batch).await;
+                if let Some(metrics) = &inner.metrics {
+                    metrics.flush_wait.observe(held.elapsed().as_secs_f64());
+                }
+            }
+            let conn = &slot.conn;
+            let run = exec::run(conn.conn(), Prepare::Spawned(conn), sql, params, op, limits);
+            match inner.within_deadline(run, || inner.late_on_shared(conn)).await {
+                Err(e) if e.is_unsent() && attempts < 2 => attempts += 1,
+                result => return result,
             }
         }
-        let conn = &slot.conn;
-        exec::run(conn.conn(), Prepare::Spawned(conn), sql, params, op).await
     }
 
     /// Checks out an exclusive connection: for transactions, session
@@ -314,6 +328,44 @@ impl PoolInner {
         }
     }
 
+    fn limits(&self) -> Limits {
+        Limits {
+            max_bytes: self.config.max_result_bytes,
+            max_rows: self.config.max_result_rows,
+        }
+    }
+
+    /// Runs `query` within `query_timeout`, calling `late` if it runs out.
+    async fn within_deadline(
+        &self,
+        query: impl Future<Output = Result<Output, Error>>,
+        late: impl FnOnce(),
+    ) -> Result<Output, Error> {
+        let Some(deadline) = self.config.query_timeout else {
+            return query.await;
+        };
+        match tokio::time::timeout(deadline, query).await {
+            Ok(result) => result,
+            Err(_) => {
+                late();
+                Err(Error::timeout("the query to finish (query_timeout)"))
+            }
+        }
+    }
+
+    /// A query ran out of time on a shared connection. Whatever holds it up
+    /// would hold up new queries too: route no more work there. A cancel
+    /// request hits whatever the backend runs, so send one only if this
+    /// query is the only one in flight there; else let it finish, its
+    /// answer discarded (tokio-postgres reads past it).
+    fn late_on_shared(&self, conn: &Arc<SharedConn>) {
+        let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
+        self.retire(conn);
+        if alone {
+            conn.conn().cancel();
+        }
+    }
+
     /// Records how long a query or checkout waited for its connection.
     fn waited(&self, since: Option<Instant>) {
         if let (Some(metrics), Some(since)) = (&self.metrics, since) {
@@ -350,10 +402,12 @@ async fn housekeeping(pool: Weak<PoolInner>) {
         if pool.is_closed() {
             return;
         }
-        let tick = pool.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        let tick = pool.wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
         if tick % RTT_WINDOW_TICKS == 0 {
             pool.wire.rtt.rotate();
         }
+        pool.watch_stalls(TICK);
+        pool.expire(TICK);
         pool.prune();
         pool.rebalance();
         pool.retire_idle(SHARED_IDLE_TICKS);

@@ -47,6 +47,11 @@ impl SharedConn {
         self.state().load.load(Ordering::Acquire)
     }
 
+    /// Queries admitted and not finished.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.load() & LOAD_MASK
+    }
+
     /// Claims a place for one more query, returning how many were in flight
     /// before, or `None` if the connection is closed to new work or full.
     fn admit(&self, max_depth: u64) -> Option<u64> {
@@ -71,6 +76,7 @@ impl SharedConn {
 
 impl Drop for SharedConn {
     fn drop(&mut self) {
+        self.object.returned();
         // Back to exclusive-or-idle: no longer shared, open to whoever takes
         // it next. A dead connection stays dead, and deadpool discards it.
         self.state().load.fetch_and(DEAD, Ordering::AcqRel);
@@ -281,7 +287,7 @@ impl PoolInner {
     fn give_back(&self, conn: &SharedConn) {
         let before = conn.state().load.fetch_sub(1, Ordering::AcqRel);
         if before & LOAD_MASK == 1 {
-            let now = self.clock.load(Ordering::Relaxed);
+            let now = self.wire.clock.load(Ordering::Relaxed);
             conn.idle_since.store(now, Ordering::Relaxed);
         }
     }
@@ -486,7 +492,7 @@ impl PoolInner {
         if object.state.needs_reset.load(Ordering::Acquire) {
             if let Err(e) = object.reset_session().await {
                 // Never share a session that could not be cleaned.
-                let mut conn = Object::take(object);
+                let conn = Object::take(object);
                 conn.closing(CloseReason::ResetFailed);
                 return Err(e);
             }
@@ -495,13 +501,13 @@ impl PoolInner {
         Ok(Some(Arc::new(SharedConn {
             object,
             gate: Gate::default(),
-            idle_since: AtomicU64::new(self.clock.load(Ordering::Relaxed)),
+            idle_since: AtomicU64::new(self.wire.clock.load(Ordering::Relaxed)),
         })))
     }
 
     /// Takes `conn` out of routing; it returns to deadpool when its last
     /// query finishes.
-    fn retire(&self, conn: &Arc<SharedConn>) {
+    pub(crate) fn retire(&self, conn: &Arc<SharedConn>) {
         conn.state().load.fetch_or(CLOSED, Ordering::AcqRel);
         self.prune();
     }
@@ -538,7 +544,7 @@ impl PoolInner {
     /// Returns shared connections that have been idle for `idle_ticks` ticks
     /// of the pool clock to deadpool.
     pub(crate) fn retire_idle(&self, idle_ticks: u64) {
-        let now = self.clock.load(Ordering::Relaxed);
+        let now = self.wire.clock.load(Ordering::Relaxed);
         let conns = self.shared.conns.load();
         for conn in conns.iter() {
             let idle = conn.load() & LOAD_MASK == 0
@@ -565,6 +571,56 @@ impl PoolInner {
             .iter()
             .map(|c| c.state().wire_depth())
             .sum()
+    }
+
+    /// The no-progress watchdog: kills shared connections that owe answers
+    /// and have received nothing for `stall_timeout` (a stalled network, a
+    /// stopped backend). Their queries fail with `ConnectionLost` at once
+    /// instead of hanging, and the connection is never handed out again.
+    pub(crate) fn watch_stalls(&self, tick: Duration) {
+        let Some(stall) = self.config.stall_timeout else {
+            return;
+        };
+        let limit = stall.as_nanos().div_ceil(tick.as_nanos().max(1)) as u64;
+        let now = self.wire.clock.load(Ordering::Relaxed);
+        let conns = self.shared.conns.load();
+        for conn in conns.iter() {
+            let state = conn.state();
+            let silent = now.saturating_sub(state.last_read.load(Ordering::Relaxed));
+            if state.wire_depth() > 0 && silent >= limit {
+                state.kill(CloseReason::Stalled);
+                self.retire(conn);
+            }
+        }
+    }
+
+    /// Retires shared connections past `max_lifetime` (they drain, then
+    /// close), and closes idle ones past it or past `idle_timeout`.
+    pub(crate) fn expire(&self, tick: Duration) {
+        let conns = self.shared.conns.load();
+        for conn in conns.iter().filter(|c| c.conn().is_expired()) {
+            self.retire(conn);
+        }
+        let idle_limit = self
+            .config
+            .idle_timeout
+            .map(|idle| idle.as_nanos().div_ceil(tick.as_nanos().max(1)) as u64);
+        let now = self.wire.clock.load(Ordering::Relaxed);
+        let idle_too_long = |conn: &PgConn| {
+            idle_limit.is_some_and(|limit| {
+                now.saturating_sub(conn.state.idle_since.load(Ordering::Relaxed)) >= limit
+            })
+        };
+        let removed = self
+            .pg
+            .retain(|conn, _| !(conn.is_expired() || idle_too_long(conn)));
+        for conn in removed.removed {
+            conn.closing(if conn.is_expired() {
+                CloseReason::MaxLifetime
+            } else {
+                CloseReason::Idle
+            });
+        }
     }
 
     /// Shared connections, and queries in flight on them.

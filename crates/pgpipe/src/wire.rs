@@ -21,14 +21,15 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::task::AbortHandle;
 
-use crate::metrics::Metrics;
+use crate::metrics::{CloseReason, Metrics};
 
 /// Bit layout of [`ConnState::load`]: the low 32 bits count queries in flight
 /// on a shared connection; the high bits are flags. One word, so that
@@ -59,6 +60,15 @@ pub(crate) struct ConnState {
     pub(crate) readies: AtomicU64,
     /// Why the connection was quarantined, if it was.
     pub(crate) quarantined: AtomicU8,
+    /// The pool clock at the last sign of progress: a read, or a write to
+    /// an idle connection (for the stall watchdog).
+    pub(crate) last_read: AtomicU64,
+    /// The pool clock when it last went back to the idle set.
+    pub(crate) idle_since: AtomicU64,
+    /// Why the pool closes it, once decided ([`CloseReason`] + 1).
+    close_reason: AtomicU8,
+    /// Ends the connection's I/O task.
+    io: OnceLock<AbortHandle>,
 }
 
 /// Reasons for a quarantine, stored in [`ConnState::quarantined`].
@@ -66,6 +76,33 @@ pub(crate) const QUARANTINE_TX: u8 = 1;
 pub(crate) const QUARANTINE_SESSION: u8 = 2;
 
 impl ConnState {
+    pub(crate) fn set_io(&self, io: AbortHandle) {
+        let _ = self.io.set(io);
+    }
+
+    /// Ends the connection now: its I/O task stops, the socket closes, and
+    /// every query in flight fails with `ConnectionLost`.
+    pub(crate) fn kill(&self, reason: CloseReason) {
+        self.closing(reason);
+        self.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
+        if let Some(io) = self.io.get() {
+            io.abort();
+        }
+    }
+
+    pub(crate) fn closing(&self, reason: CloseReason) {
+        let _ = self.close_reason.compare_exchange(
+            0,
+            reason as u8 + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    pub(crate) fn close_reason(&self) -> Option<CloseReason> {
+        CloseReason::from_u8(self.close_reason.load(Ordering::Acquire).checked_sub(1)?)
+    }
+
     /// Queries written and not yet answered (Syncs minus ReadyForQuery).
     pub(crate) fn wire_depth(&self) -> u64 {
         let readies = self.readies.load(Ordering::Acquire);
@@ -91,11 +128,14 @@ impl ConnState {
     }
 }
 
-/// What every connection's tap reports to the pool.
+/// What every connection's tap reports to the pool, and the pool's clock.
 #[derive(Debug, Default)]
 pub(crate) struct PoolWire {
     pub(crate) rtt: RttFilter,
     pub(crate) metrics: Option<Arc<Metrics>>,
+    /// Ticks of the pool's housekeeping: a clock that the hot path can read
+    /// without a system call.
+    pub(crate) clock: AtomicU64,
 }
 
 /// The round-trip estimate from solitary round trips (a write to an idle
@@ -308,6 +348,10 @@ impl<S> TappedStream<S> {
     }
 
     fn observe_read(&mut self, bytes: &[u8]) {
+        let now = self.pool.clock.load(Ordering::Relaxed);
+        if self.state.last_read.load(Ordering::Relaxed) != now {
+            self.state.last_read.store(now, Ordering::Relaxed);
+        }
         if self.outbound.phase == Phase::Opaque {
             self.inbound.phase = Phase::Opaque;
         }
@@ -380,6 +424,11 @@ impl<S> TappedStream<S> {
         let idle = before == self.state.readies.load(Ordering::Acquire);
         if let (true, Some(start)) = (idle, probe_start) {
             self.probe = Some((start, before + 1));
+        }
+        if idle {
+            // Nothing was owed until now: the stall clock starts here.
+            let now = self.pool.clock.load(Ordering::Relaxed);
+            self.state.last_read.store(now, Ordering::Relaxed);
         }
         if let Some(metrics) = &self.pool.metrics {
             if self.state.is_shared() {
