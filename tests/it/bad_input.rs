@@ -51,3 +51,125 @@ async fn wrong_parameters_and_invalid_sql_are_clear_errors() {
         assert!(pool.status().size <= 1);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_servers_limit_is_refused_before_it_is_sent() {
+    let app = crate::support::app("huge");
+    let pool = builder(&app)
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let pid: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // Over 1 GiB − 1: the server would drop the connection, and every query
+    // pipelined on it with it.
+    let huge = "x".repeat((1 << 30) + 16);
+    let neighbours: Vec<_> = (0..20i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
+        })
+        .collect();
+    let e = pool
+        .query("SELECT length($1::text)", &[&huge])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(e.to_string().contains("nothing was sent"), "{e}");
+    drop(huge);
+    for (i, query) in neighbours.into_iter().enumerate() {
+        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
+    }
+    let same: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(same, pid, "the connection survived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_over_the_cap_fail_alone() {
+    let pool = builder(&crate::support::app("result_cap"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .max_result_bytes(1 << 20)
+        .max_result_rows(2000)
+        .build()
+        .unwrap();
+    let pid: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let neighbours: Vec<_> = (0..20i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
+        })
+        .collect();
+    let e = pool
+        .query(
+            "SELECT repeat('x', 1000) FROM generate_series(1, 5000)",
+            &[],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(e.to_string().contains("max_result_bytes"), "{e}");
+    let e = pool
+        .query("SELECT generate_series(1, 5000)", &[])
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(e.to_string().contains("max_result_rows (2000)"), "{e}");
+    for (i, query) in neighbours.into_iter().enumerate() {
+        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
+    }
+    // The rest of the big answers was read and thrown away: in step.
+    let rows = pool
+        .query("SELECT generate_series(1, 1000)", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1000);
+    let same: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(same, pid, "the connection survived");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_fail_fast_and_clearly() {
+    let url = pgpipe_test_support::database_url();
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    for pipelining in [true, false] {
+        let pool = pgpipe::Pool::builder()
+            .url(&format!(
+                "postgres://no_such_role_pgpipe@{host}:{port}/postgres"
+            ))
+            .pipelining(pipelining)
+            .build()
+            .unwrap();
+        let start = std::time::Instant::now();
+        let e = pool.query("SELECT 1", &[]).await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Connect, "{e}");
+        assert!(
+            e.to_string().contains("no_such_role_pgpipe"),
+            "says which role: {e}"
+        );
+        assert!(start.elapsed() < std::time::Duration::from_secs(3));
+    }
+}

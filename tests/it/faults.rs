@@ -5,12 +5,23 @@ use std::time::{Duration, Instant};
 use pgpipe::ErrorKind;
 use pgpipe_test_support::{admin, backend_pids};
 
-use crate::support::{app, builder, settle};
+use prometheus::Registry;
+
+use crate::support::{Scrape, app, builder, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backends_fail_their_queries_and_the_pool_heals() {
     let app = app("terminate");
-    let pool = builder(&app).max_size(2).pipelining(true).build().unwrap();
+    let registry = Registry::new();
+    // At most 2 × 16 queries in flight; the rest wait in the pool's queue.
+    let pool = builder(&app)
+        .max_size(2)
+        .max_exclusive(1)
+        .max_pipeline_depth(16)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
     let mut handles = Vec::new();
     for i in 0..200i64 {
         let pool = pool.clone();
@@ -55,6 +66,16 @@ async fn terminated_backends_fail_their_queries_and_the_pool_heals() {
         "terminated {} backends: {lost} lost, {answered} answered",
         pids.len()
     );
+    // Only queries in flight on the dead connections failed; those still in
+    // the pool's queue were run on new connections.
+    assert!(lost <= 2 * 16, "{lost} lost");
+    let scrape = Scrape::of(&registry);
+    assert_eq!(
+        scrape.value("pgpipe_pipeline_inflight_failed_total", &[]),
+        lost as f64
+    );
+    let broken = scrape.value("pgpipe_connections_closed_total", &[("reason", "broken")]);
+    assert!(broken >= pids.len() as f64, "{broken} closed as broken");
     // The pool replaces the dead connections.
     for i in 0..20i64 {
         let row = pool.query_one("SELECT $1::int8", &[&i]).await.unwrap();

@@ -211,11 +211,16 @@ impl PoolConfig {
             ("max_lifetime", self.max_lifetime),
             ("idle_timeout", self.idle_timeout),
         ];
-        if let Some((name, _)) = positive.iter().find(|(_, d)| d.is_some_and(|d| d.is_zero())) {
+        if let Some((name, _)) = positive
+            .iter()
+            .find(|(_, d)| d.is_some_and(|d| d.is_zero()))
+        {
             return Err(format!("{name} must be above zero (or unset)"));
         }
         if self.max_result_bytes == Some(0) || self.max_result_rows == Some(0) {
-            return Err("max_result_bytes and max_result_rows must be at least 1 (or unset)".into());
+            return Err(
+                "max_result_bytes and max_result_rows must be at least 1 (or unset)".into(),
+            );
         }
         match self.max_exclusive {
             Some(0) => Err("max_exclusive must be at least 1".into()),

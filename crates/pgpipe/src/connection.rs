@@ -65,6 +65,7 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        self.object.state.exclusive.store(false, Ordering::Release);
         self.object.returned();
     }
 }
@@ -176,6 +177,7 @@ impl PoolInner {
         self.exclusive_waiting.fetch_sub(1, Ordering::AcqRel);
         let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
         object.state.needs_reset.store(true, Ordering::Release);
+        object.state.exclusive.store(true, Ordering::Release);
         Ok(Connection {
             object,
             _claim: claim,

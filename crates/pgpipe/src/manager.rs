@@ -39,7 +39,8 @@ impl PgConn {
 
     /// Whether it has outlived `max_lifetime`.
     pub(crate) fn is_expired(&self) -> bool {
-        self.lifetime.is_some_and(|max| self.created.elapsed() >= max)
+        self.lifetime
+            .is_some_and(|max| self.created.elapsed() >= max)
     }
 
     /// Clears the session an exclusive user may have left behind, so the
@@ -85,14 +86,12 @@ impl PgConn {
 
 impl Drop for PgConn {
     fn drop(&mut self) {
-        if let Some(metrics) = &self.wire.metrics {
-            let reason = match self.state.close_reason() {
-                Some(reason) => reason,
-                None if self.is_dead() => CloseReason::Broken,
-                None => CloseReason::Shutdown,
-            };
-            metrics.closed(reason);
-        }
+        let reason = match self.state.close_reason() {
+            Some(reason) => reason,
+            None if self.is_dead() => CloseReason::Broken,
+            None => CloseReason::Shutdown,
+        };
+        self.state.count_close(self.wire.metrics.as_deref(), reason);
     }
 }
 
@@ -149,6 +148,10 @@ pub(crate) struct Manager {
     pub(crate) wire: Arc<PoolWire>,
 }
 
+/// How long a checkout waits for a returned connection to finish what its
+/// last user left behind before giving up on it.
+const RECYCLE_PATIENCE: Duration = Duration::from_secs(1);
+
 /// A lifetime shortened by up to a tenth, at random, so that connections
 /// opened together do not all expire together.
 fn jitter(lifetime: Duration) -> Duration {
@@ -175,6 +178,7 @@ impl managed::Manager for Manager {
             io_state.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
         });
         state.set_io(io.abort_handle());
+        self.wire.register(&state);
         let now = self.wire.clock.load(Ordering::Relaxed);
         state.last_read.store(now, Ordering::Relaxed);
         state.idle_since.store(now, Ordering::Relaxed);
@@ -207,11 +211,22 @@ impl managed::Manager for Manager {
         // answers still outstanding the last status is stale, so roll back
         // then too: requests run in order, so after this one the session is
         // idle whatever came before.
+        //
+        // Answers still owed may also belong to a query abandoned at its
+        // deadline: give them a moment, and rather than keep the next user
+        // waiting on them, close the connection.
         if conn.state.tx_status.load(Ordering::Acquire) != b'I' || conn.state.wire_depth() > 0 {
-            conn.client
-                .batch_execute("ROLLBACK")
-                .await
-                .map_err(|e| RecycleError::Backend(Error::from_query(e, true)))?;
+            let rollback = conn.client.batch_execute("ROLLBACK");
+            match tokio::time::timeout(RECYCLE_PATIENCE, rollback).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(RecycleError::Backend(Error::from_query(e, true))),
+                Err(_) => {
+                    conn.closing(CloseReason::Broken);
+                    return Err(RecycleError::message(
+                        "connection still busy after its user left",
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -14,12 +14,12 @@ use tokio_postgres::types::ToSql;
 use crate::builder::PoolBuilder;
 use crate::config::PoolConfig;
 use crate::connection::{Connection, Owner};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::exec::{self, Limits, Op, Output, Prepare};
-use crate::shared::SharedConn;
 use crate::manager::Manager;
 use crate::metrics::{self, Metrics, Mode};
 use crate::session;
+use crate::shared::SharedConn;
 use crate::shared::SharedSet;
 use crate::status::Status;
 use crate::wire::PoolWire;
@@ -90,10 +90,7 @@ impl Pool {
             })?)),
             None => None,
         };
-        let wire = Arc::new(PoolWire {
-            metrics: metrics.clone(),
-            ..PoolWire::default()
-        });
+        let wire = Arc::new(PoolWire::new(metrics.clone()));
         let manager = Manager {
             config: server,
             statement_cache_capacity: config.statement_cache_capacity,
@@ -253,7 +250,18 @@ impl Pool {
             }
             let conn = &slot.conn;
             let run = exec::run(conn.conn(), Prepare::Spawned(conn), sql, params, op, limits);
-            match inner.within_deadline(run, || inner.late_on_shared(conn)).await {
+            let result = inner
+                .within_deadline(run, || inner.late_on_shared(conn))
+                .await;
+            if let Err(e) = &result {
+                if e.kind() == ErrorKind::ConnectionLost {
+                    // The connection is going (a FATAL error arrives before
+                    // the socket closes): hand no freed place on it to a
+                    // waiting query, which would be lost with it.
+                    inner.retire(conn);
+                }
+            }
+            match result {
                 Err(e) if e.is_unsent() && attempts < 2 => attempts += 1,
                 result => return result,
             }

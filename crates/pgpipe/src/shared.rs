@@ -583,15 +583,16 @@ impl PoolInner {
         };
         let limit = stall.as_nanos().div_ceil(tick.as_nanos().max(1)) as u64;
         let now = self.wire.clock.load(Ordering::Relaxed);
-        let conns = self.shared.conns.load();
-        for conn in conns.iter() {
-            let state = conn.state();
+        // Shared connections, and retired or returned ones still owing
+        // answers; never one checked out with `get()`.
+        for state in self.wire.states() {
             let silent = now.saturating_sub(state.last_read.load(Ordering::Relaxed));
-            if state.wire_depth() > 0 && silent >= limit {
-                state.kill(CloseReason::Stalled);
-                self.retire(conn);
+            let exclusive = state.exclusive.load(Ordering::Acquire);
+            if !exclusive && state.wire_depth() > 0 && silent >= limit && !state.is_dead() {
+                state.kill(CloseReason::Stalled, self.metrics.as_deref());
             }
         }
+        self.prune();
     }
 
     /// Retires shared connections past `max_lifetime` (they drain, then

@@ -21,8 +21,8 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,10 @@ pub(crate) struct ConnState {
     close_reason: AtomicU8,
     /// Ends the connection's I/O task.
     io: OnceLock<AbortHandle>,
+    /// Checked out with `get()`: its user's business, whatever it waits for.
+    pub(crate) exclusive: AtomicBool,
+    /// Whether `connections_closed_total` counted it already.
+    close_counted: AtomicBool,
 }
 
 /// Reasons for a quarantine, stored in [`ConnState::quarantined`].
@@ -76,17 +80,32 @@ pub(crate) const QUARANTINE_TX: u8 = 1;
 pub(crate) const QUARANTINE_SESSION: u8 = 2;
 
 impl ConnState {
+    pub(crate) fn is_dead(&self) -> bool {
+        self.load.load(Ordering::Acquire) & DEAD != 0
+    }
+
     pub(crate) fn set_io(&self, io: AbortHandle) {
         let _ = self.io.set(io);
     }
 
     /// Ends the connection now: its I/O task stops, the socket closes, and
     /// every query in flight fails with `ConnectionLost`.
-    pub(crate) fn kill(&self, reason: CloseReason) {
+    pub(crate) fn kill(&self, reason: CloseReason, metrics: Option<&Metrics>) {
         self.closing(reason);
         self.load.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
         if let Some(io) = self.io.get() {
             io.abort();
+        }
+        self.count_close(metrics, reason);
+    }
+
+    /// Counts the connection as closed, once, whoever notices first (the
+    /// watchdog that kills it, or the drop that ends it).
+    pub(crate) fn count_close(&self, metrics: Option<&Metrics>, reason: CloseReason) {
+        if let Some(metrics) = metrics {
+            if !self.close_counted.swap(true, Ordering::AcqRel) {
+                metrics.closed(reason);
+            }
         }
     }
 
@@ -136,6 +155,29 @@ pub(crate) struct PoolWire {
     /// Ticks of the pool's housekeeping: a clock that the hot path can read
     /// without a system call.
     pub(crate) clock: AtomicU64,
+    /// Every connection opened and not yet dropped, for the stall watchdog.
+    states: std::sync::Mutex<Vec<std::sync::Weak<ConnState>>>,
+}
+
+impl PoolWire {
+    pub(crate) fn new(metrics: Option<Arc<Metrics>>) -> PoolWire {
+        PoolWire {
+            metrics,
+            ..PoolWire::default()
+        }
+    }
+
+    pub(crate) fn register(&self, state: &Arc<ConnState>) {
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        states.retain(|s| s.strong_count() > 0);
+        states.push(Arc::downgrade(state));
+    }
+
+    /// The connections still alive.
+    pub(crate) fn states(&self) -> Vec<Arc<ConnState>> {
+        let states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        states.iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
 }
 
 /// The round-trip estimate from solitary round trips (a write to an idle

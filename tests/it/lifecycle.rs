@@ -1,0 +1,148 @@
+//! Connections age out, idle ones close, and `close()` ends a pool
+//! gracefully: no query fails because of any of it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use pgpipe::ErrorKind;
+use pgpipe_test_support::{admin, backend_pids};
+use prometheus::Registry;
+
+use crate::support::{Scrape, app, builder};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_lifetime_drains_connections_without_failing_a_query() {
+    let app = app("lifetime");
+    let registry = Registry::new();
+    let pool = builder(&app)
+        .max_size(2)
+        .pipelining(true)
+        .max_lifetime(Duration::from_millis(700))
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let admin = admin().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let load: Vec<_> = (0..16i64)
+        .map(|task| {
+            let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let v = task * 1_000_000 + i;
+                    let row = pool
+                        .query_one("SELECT $1::int8, pg_sleep(0.001)::text", &[&v])
+                        .await
+                        .expect("no query fails because a connection aged out");
+                    assert_eq!(row.get::<_, i64>(0), v);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let mut seen = std::collections::BTreeSet::new();
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        seen.extend(backend_pids(&admin, &app).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for task in load {
+        task.await.unwrap();
+    }
+    let retired = Scrape::of(&registry).value(
+        "pgpipe_connections_closed_total",
+        &[("reason", "max_lifetime")],
+    );
+    eprintln!(
+        "{} backends over 2.5 s, {retired} closed at max_lifetime",
+        seen.len()
+    );
+    assert!(retired >= 1.0, "old connections were closed");
+    assert!(seen.len() >= 3, "and replaced");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_after_idle_timeout() {
+    let registry = Registry::new();
+    let pool = builder(&app("idle"))
+        .max_size(3)
+        .pipelining(true)
+        .idle_timeout(Duration::from_millis(500))
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let queries: Vec<_> = (0..100i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
+        })
+        .collect();
+    for query in queries {
+        query.await.unwrap().unwrap();
+    }
+    let conn = pool.get().await.unwrap();
+    drop(conn);
+    assert!(pool.status().size >= 1);
+    // Shared connections go idle after 1 s, then close after 0.5 s more.
+    let start = Instant::now();
+    while pool.status().size > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            pool.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let idle =
+        Scrape::of(&registry).value("pgpipe_connections_closed_total", &[("reason", "idle")]);
+    assert!(idle >= 1.0);
+    // And the pool opens new ones on demand.
+    pool.query_one("SELECT 1", &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_refuses_new_work_at_once_and_lets_running_queries_finish() {
+    let app = app("graceful");
+    let pool = builder(&app).max_size(2).pipelining(true).build().unwrap();
+    let running: Vec<_> = (0..10i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                pool.query_one("SELECT $1::int8, pg_sleep(0.3)::text", &[&i])
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    pool.close();
+    let start = Instant::now();
+    assert_eq!(
+        pool.query("SELECT 1", &[]).await.unwrap_err().kind(),
+        ErrorKind::Closed
+    );
+    assert_eq!(pool.get().await.unwrap_err().kind(), ErrorKind::Closed);
+    assert!(
+        start.elapsed() < Duration::from_millis(50),
+        "refused at once"
+    );
+    for (i, query) in running.into_iter().enumerate() {
+        let row = tokio::time::timeout(Duration::from_secs(10), query)
+            .await
+            .expect("running queries finish")
+            .unwrap()
+            .expect("and succeed");
+        assert_eq!(row.get::<_, i64>(0), i as i64);
+    }
+    // Then the connections close.
+    let admin = admin().await;
+    let start = Instant::now();
+    while !backend_pids(&admin, &app).await.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "connections closed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
