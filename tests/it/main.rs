@@ -18,3 +18,4 @@ mod statements;
 mod storm;
 mod support;
 mod timeouts;
+mod tls;

@@ -168,22 +168,70 @@ pub struct Cluster {
     dir: PathBuf,
     bin: PathBuf,
     port: u16,
+    settings: Vec<(String, String)>,
+}
+
+/// Sets up a [`Cluster`] before it starts: server settings, and files in
+/// its data directory (certificates, say).
+#[derive(Debug, Default)]
+#[must_use = "a builder does nothing until `.start()`"]
+pub struct ClusterBuilder {
+    settings: Vec<(String, String)>,
+    files: Vec<(String, Vec<u8>)>,
+}
+
+impl ClusterBuilder {
+    /// A server setting, passed as `-c name=value`.
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+
+    /// A file written into the data directory before the server starts,
+    /// readable by the server only (as a private key must be).
+    pub fn file(mut self, name: &str, contents: impl Into<Vec<u8>>) -> Self {
+        self.files.push((name.into(), contents.into()));
+        self
+    }
+
+    /// Creates and starts the cluster.
+    ///
+    /// # Errors
+    ///
+    /// When the server binaries are missing or `initdb`/`pg_ctl` fail.
+    pub fn start(self) -> io::Result<Cluster> {
+        Cluster::create(self)
+    }
 }
 
 impl Cluster {
-    /// Creates and starts a cluster.
+    /// Creates and starts a cluster with default settings.
     ///
     /// # Errors
     ///
     /// When the server binaries are missing or `initdb`/`pg_ctl` fail.
     pub fn start() -> io::Result<Cluster> {
+        Cluster::create(ClusterBuilder::default())
+    }
+
+    /// Sets up a cluster with settings or files of its own.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::default()
+    }
+
+    fn create(setup: ClusterBuilder) -> io::Result<Cluster> {
         let bin = server_bin_dir()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "initdb/pg_ctl not found"))?;
         let port = free_port()?;
         let dir = std::env::temp_dir().join(unique("pgpipe-cluster"));
         fs::create_dir_all(&dir)?;
         hand_to_postgres_user(&dir)?;
-        let cluster = Cluster { dir, bin, port };
+        let cluster = Cluster {
+            dir,
+            bin,
+            port,
+            settings: setup.settings,
+        };
         cluster.spawn_reaper()?;
         cluster.run(
             "initdb",
@@ -200,6 +248,13 @@ impl Cluster {
                 "--locale=C",
             ],
         )?;
+        for (name, contents) in &setup.files {
+            let path = cluster.dir.join("data").join(name);
+            fs::write(&path, contents)?;
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+            hand_to_postgres_user(&path)?;
+        }
         cluster.start_server()?;
         Ok(cluster)
     }
@@ -220,12 +275,15 @@ impl Cluster {
     ///
     /// When `pg_ctl start` fails.
     pub fn start_server(&self) -> io::Result<()> {
-        let options = format!(
+        let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
              -c full_page_writes=off -c max_connections=200",
             self.port,
             self.data()
         );
+        for (name, value) in &self.settings {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
         let log = format!("{}/server.log", self.data());
         self.run(
             "pg_ctl",

@@ -7,7 +7,8 @@ use tokio_postgres::config::{Host, SslMode};
 
 use crate::config::{PoolConfig, Routing};
 use crate::error::{Error, ErrorKind};
-use crate::pool::{Observability, Pool};
+use crate::pool::{Pool, Setup};
+use crate::tls::Tls;
 
 /// Builds a [`Pool`]; start with [`Pool::builder`].
 ///
@@ -28,6 +29,7 @@ pub struct PoolBuilder {
     server: Option<Result<tokio_postgres::Config, String>>,
     config: PoolConfig,
     registry: Option<prometheus::Registry>,
+    tls: Tls,
 }
 
 impl PoolBuilder {
@@ -170,6 +172,30 @@ impl PoolBuilder {
         self
     }
 
+    /// Connects with TLS (rustls), when the server offers it (`sslmode=prefer`,
+    /// the default) or always (`sslmode=require`). Which certificate
+    /// authorities are trusted is `config`'s to say, and the certificate
+    /// must name the connection's host: both checks fail closed.
+    ///
+    /// ```no_run
+    /// # fn demo(roots: pgpipe::rustls::RootCertStore) -> Result<(), pgpipe::Error> {
+    /// let tls = pgpipe::rustls::ClientConfig::builder()
+    ///     .with_root_certificates(roots)
+    ///     .with_no_client_auth();
+    /// let pool = pgpipe::Pool::builder()
+    ///     .url("postgres://app@db.example.com/app?sslmode=require")
+    ///     .tls(tls)
+    ///     .build()?;
+    /// # let _ = pool;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "rustls")]
+    pub fn tls(mut self, config: rustls::ClientConfig) -> Self {
+        self.tls.rustls = Some(tokio_postgres_rustls::MakeRustlsConnect::new(config));
+        self
+    }
+
     /// Registers the pool's metrics (see the README's list) into `registry`.
     /// Without one the pool keeps no metrics beyond [`Pool::status`].
     pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
@@ -202,9 +228,10 @@ impl PoolBuilder {
         if server.get_hosts().is_empty() && server.get_hostaddrs().is_empty() {
             return Err(Error::config("the connection config names no host"));
         }
-        if server.get_ssl_mode() == SslMode::Require {
+        if server.get_ssl_mode() == SslMode::Require && !self.tls.is_configured() {
             return Err(Error::config(
-                "sslmode=require needs TLS, which this pool does not support yet",
+                "sslmode=require needs TLS: give the builder a rustls ClientConfig with \
+                 .tls() (feature `rustls`)",
             ));
         }
         self.config.validate().map_err(Error::config)?;
@@ -226,11 +253,12 @@ impl PoolBuilder {
             .pool_name
             .clone()
             .unwrap_or_else(|| default_pool_name(&server));
-        let observe = Observability {
+        let setup = Setup {
             registry: self.registry,
             name,
+            tls: self.tls,
         };
-        Pool::new(server, self.config, observe)
+        Pool::new(server, self.config, setup)
     }
 }
 

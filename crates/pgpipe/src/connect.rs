@@ -23,9 +23,12 @@ use tokio::net::TcpStream;
 #[cfg(unix)]
 use tokio::net::UnixStream;
 use tokio_postgres::config::{Host, TargetSessionAttrs};
-use tokio_postgres::{Client, Config, Connection, NoTls};
+use tokio_postgres::{Client, Config, NoTls};
 
 use crate::error::{Error, ErrorKind};
+#[cfg(feature = "rustls")]
+use crate::tls::Tapped;
+use crate::tls::Tls;
 use crate::wire::{ConnState, PoolWire, TappedStream};
 
 /// A TCP or Unix socket.
@@ -47,11 +50,12 @@ pub(crate) enum Peer {
     Unix(std::path::PathBuf),
 }
 
-/// A new connection and the task-side half that drives its I/O.
-pub(crate) type Connected = (
-    Client,
-    Connection<PgStream, tokio_postgres::tls::NoTlsStream>,
-);
+/// The task-side half of a connection that drives its I/O, whatever its
+/// stream type (plain or TLS).
+pub(crate) type Io = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+/// A new connection and its I/O half.
+pub(crate) type Connected = (Client, Io);
 
 /// Connects to the first host of `config` that accepts, returning the client,
 /// its connection half and where it went.
@@ -59,6 +63,7 @@ pub(crate) async fn connect(
     config: &Config,
     state: Arc<ConnState>,
     wire: &Arc<PoolWire>,
+    tls: &Tls,
 ) -> Result<(Connected, Peer), Error> {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
@@ -74,10 +79,16 @@ pub(crate) async fn connect(
             (None, Some(host)) => host.clone(),
             (None, None) => continue,
         };
+        // TLS checks the certificate against the host name, never against
+        // a `hostaddr`.
+        let hostname = match hosts.get(i) {
+            Some(Host::Tcp(name)) => name.as_str(),
+            _ => "",
+        };
         match open_socket(config, &host, port).await {
             Ok((socket, peer)) => {
                 let stream = TappedStream::new(socket, Arc::clone(&state), Arc::clone(wire));
-                match config.connect_raw(stream, NoTls).await {
+                match handshake(config, stream, tls, hostname, &state, wire).await {
                     Ok(connected) => return Ok((connected, peer)),
                     Err(e) => last = Some(Error::connect(e)),
                 }
@@ -86,6 +97,34 @@ pub(crate) async fn connect(
         }
     }
     Err(last.unwrap_or_else(|| connect_error("no usable host")))
+}
+
+/// Start-up and authentication, over TLS when it is configured (and the
+/// server agrees, or `sslmode=require` insists).
+async fn handshake(
+    config: &Config,
+    stream: PgStream,
+    tls: &Tls,
+    hostname: &str,
+    state: &Arc<ConnState>,
+    wire: &Arc<PoolWire>,
+) -> Result<Connected, tokio_postgres::Error> {
+    #[cfg(feature = "rustls")]
+    if let Some(rustls) = &tls.rustls {
+        use tokio_postgres::tls::MakeTlsConnect;
+        let Ok(connector) =
+            MakeTlsConnect::<PgStream>::make_tls_connect(&mut rustls.clone(), hostname);
+        let tapped = Tapped {
+            inner: connector,
+            state: Arc::clone(state),
+            wire: Arc::clone(wire),
+        };
+        let (client, connection) = config.connect_raw(stream, tapped).await?;
+        return Ok((client, Box::pin(connection)));
+    }
+    let _ = (tls, hostname, state, wire);
+    let (client, connection) = config.connect_raw(stream, NoTls).await?;
+    Ok((client, Box::pin(connection)))
 }
 
 fn port_for(config: &Config, i: usize) -> u16 {

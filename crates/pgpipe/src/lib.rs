@@ -16,6 +16,7 @@ mod session;
 mod shared;
 mod statement_cache;
 mod status;
+mod tls;
 mod wire;
 
 pub use builder::PoolBuilder;
@@ -28,3 +29,8 @@ pub use status::Status;
 /// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
 /// match the ones pgpipe was built with.
 pub use tokio_postgres;
+
+/// rustls, re-exported so that the `ClientConfig` given to
+/// [`PoolBuilder::tls`] is of the version pgpipe was built with.
+#[cfg(feature = "rustls")]
+pub use rustls;

@@ -14,6 +14,7 @@ use crate::connect::{self, Peer};
 use crate::error::Error;
 use crate::metrics::CloseReason;
 use crate::statement_cache::StatementCache;
+use crate::tls::Tls;
 use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, PoolWire};
 
 /// A pooled connection: the client, what the tap sees of its wire, and its
@@ -146,6 +147,7 @@ pub(crate) struct Manager {
     pub(crate) statement_cache_capacity: usize,
     pub(crate) max_lifetime: Option<Duration>,
     pub(crate) wire: Arc<PoolWire>,
+    pub(crate) tls: Tls,
 }
 
 /// How long a checkout waits for a returned connection to finish what its
@@ -168,7 +170,7 @@ impl managed::Manager for Manager {
     async fn create(&self) -> Result<PgConn, Error> {
         let state = Arc::new(ConnState::default());
         let ((client, connection), peer) =
-            connect::connect(&self.config, Arc::clone(&state), &self.wire).await?;
+            connect::connect(&self.config, Arc::clone(&state), &self.wire, &self.tls).await?;
         let io_state = Arc::clone(&state);
         let io = tokio::spawn(async move {
             // The error, if any, reaches every request in flight through its

@@ -22,6 +22,7 @@ use crate::session;
 use crate::shared::SharedConn;
 use crate::shared::SharedSet;
 use crate::status::Status;
+use crate::tls::Tls;
 use crate::wire::PoolWire;
 
 /// How often the pool's housekeeping runs, and so the tick of its clock.
@@ -65,9 +66,10 @@ pub(crate) struct PoolInner {
 
 /// What [`Pool::new`] needs besides the settings.
 #[derive(Debug)]
-pub(crate) struct Observability {
+pub(crate) struct Setup {
     pub(crate) registry: Option<prometheus::Registry>,
     pub(crate) name: String,
+    pub(crate) tls: Tls,
 }
 
 impl Pool {
@@ -79,14 +81,11 @@ impl Pool {
     pub(crate) fn new(
         server: tokio_postgres::Config,
         config: PoolConfig,
-        observe: Observability,
+        setup: Setup,
     ) -> Result<Pool, Error> {
-        let metrics = match &observe.registry {
-            Some(_) => Some(Arc::new(Metrics::new(&observe.name).map_err(|e| {
-                Error::config(format!(
-                    "invalid metrics for pool \"{}\": {e}",
-                    observe.name
-                ))
+        let metrics = match &setup.registry {
+            Some(_) => Some(Arc::new(Metrics::new(&setup.name).map_err(|e| {
+                Error::config(format!("invalid metrics for pool \"{}\": {e}", setup.name))
             })?)),
             None => None,
         };
@@ -96,6 +95,7 @@ impl Pool {
             statement_cache_capacity: config.statement_cache_capacity,
             max_lifetime: config.max_lifetime,
             wire: Arc::clone(&wire),
+            tls: setup.tls,
         };
         let pg = deadpool::managed::Pool::builder(manager)
             .max_size(config.max_size)
@@ -116,8 +116,8 @@ impl Pool {
             metrics,
             depth_high: AtomicU64::new(0),
         });
-        if let (Some(registry), Some(metrics)) = (&observe.registry, &inner.metrics) {
-            metrics::register(registry, Arc::downgrade(&inner), metrics, &observe.name)?;
+        if let (Some(registry), Some(metrics)) = (&setup.registry, &inner.metrics) {
+            metrics::register(registry, Arc::downgrade(&inner), metrics, &setup.name)?;
         }
         Ok(Pool { inner })
     }

@@ -255,6 +255,9 @@ enum Phase {
     Startup,
     /// Typed messages: a type byte, then an i32 length that counts itself.
     Typed,
+    /// Frontend only: an SSLRequest went out; the server's one-byte answer
+    /// decides between TLS (opaque) and plaintext (a start-up packet next).
+    Negotiating,
     /// TLS or anything unparseable follows: count bytes only.
     Opaque,
 }
@@ -301,7 +304,7 @@ impl Framer {
     /// Feeds bytes that went over the wire, calling `on_message` for each
     /// message that completes.
     fn feed(&mut self, mut bytes: &[u8], mut on_message: impl FnMut(Message)) {
-        while !bytes.is_empty() && self.phase != Phase::Opaque {
+        while !bytes.is_empty() && !matches!(self.phase, Phase::Opaque | Phase::Negotiating) {
             if self.body_left > 0 {
                 let take = self.body_left.min(bytes.len());
                 if self.first.is_none() {
@@ -340,11 +343,13 @@ impl Framer {
         }
         if self.phase == Phase::Startup {
             let code = u32::from_be_bytes(self.header[4..8].try_into().expect("4 bytes"));
-            self.phase = if code == SSL_REQUEST || code == GSSENC_REQUEST {
-                Phase::Opaque
-            } else {
-                Phase::Typed
-            };
+            if code == SSL_REQUEST || code == GSSENC_REQUEST {
+                // Not a request the server answers with ReadyForQuery: a
+                // one-byte yes or no to encryption, which the reader sees.
+                self.phase = Phase::Negotiating;
+                return;
+            }
+            self.phase = Phase::Typed;
         }
         self.kind = kind;
         self.body_left = len as usize - counted;
@@ -389,13 +394,28 @@ impl<S> TappedStream<S> {
         }
     }
 
-    fn observe_read(&mut self, bytes: &[u8]) {
+    /// The wrapped stream.
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    fn observe_read(&mut self, mut bytes: &[u8]) {
         let now = self.pool.clock.load(Ordering::Relaxed);
         if self.state.last_read.load(Ordering::Relaxed) != now {
             self.state.last_read.store(now, Ordering::Relaxed);
         }
-        if self.outbound.phase == Phase::Opaque {
-            self.inbound.phase = Phase::Opaque;
+        match (self.outbound.phase, bytes.first()) {
+            // The server's answer to an SSLRequest: `S` (or `G`), encryption
+            // follows and a tap above it sees the protocol; `N`, plaintext.
+            (Phase::Negotiating, Some(b'N')) => {
+                self.outbound.phase = Phase::Startup;
+                bytes = &bytes[1..];
+            }
+            (Phase::Negotiating, Some(_)) | (Phase::Opaque, _) => {
+                self.outbound.phase = Phase::Opaque;
+                self.inbound.phase = Phase::Opaque;
+            }
+            _ => {}
         }
         let (state, metrics) = (&self.state, &self.pool.metrics);
         let quarantine = |reason: u8| {
@@ -609,12 +629,46 @@ mod tests {
     }
 
     #[test]
-    fn ssl_request_makes_the_stream_opaque() {
+    fn an_ssl_request_is_not_a_request_and_waits_for_the_answer() {
         let mut bytes = vec![0, 0, 0, 8];
         bytes.extend_from_slice(&SSL_REQUEST.to_be_bytes());
         bytes.extend_from_slice(&[b'S', 0, 0, 0, 4]);
         let seen = messages(Phase::Startup, &[&bytes]);
-        assert_eq!(seen.len(), 1, "nothing after the SSLRequest is parsed");
+        assert!(
+            seen.is_empty(),
+            "neither the SSLRequest nor what follows it"
+        );
+    }
+
+    #[test]
+    fn a_refused_ssl_request_falls_back_to_plaintext() {
+        let state = Arc::new(ConnState::default());
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        let mut ssl = vec![0, 0, 0, 8];
+        ssl.extend_from_slice(&SSL_REQUEST.to_be_bytes());
+        tap.observe_write(&ssl, None);
+        tap.observe_read(b"N");
+        let startup = [0, 0, 0, 9, 0, 3, 0, 0, 0];
+        tap.observe_write(&startup, None);
+        tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']);
+        let requests = state.syncs.load(Ordering::Relaxed);
+        assert_eq!((requests, state.readies.load(Ordering::Relaxed)), (1, 1));
+    }
+
+    #[test]
+    fn an_accepted_ssl_request_makes_the_raw_stream_opaque() {
+        let state = Arc::new(ConnState::default());
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        let mut ssl = vec![0, 0, 0, 8];
+        ssl.extend_from_slice(&SSL_REQUEST.to_be_bytes());
+        tap.observe_write(&ssl, None);
+        tap.observe_read(b"S\x16\x03\x03");
+        tap.observe_write(&[b'S', 0, 0, 0, 4], None);
+        assert_eq!(
+            state.syncs.load(Ordering::Relaxed),
+            0,
+            "ciphertext is not parsed"
+        );
     }
 
     #[test]

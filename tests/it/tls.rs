@@ -1,0 +1,187 @@
+//! TLS with rustls against a server of the test's own, with certificates
+//! made at test time: `sslmode=require` works, the pool still sees the
+//! protocol under the encryption, and a wrong authority or host name is
+//! refused (fail closed).
+
+use std::sync::Arc;
+
+use pgpipe::rustls::pki_types::CertificateDer;
+use pgpipe::rustls::{ClientConfig, RootCertStore};
+use pgpipe::{ErrorKind, Pool};
+use pgpipe_test_support::Cluster;
+use prometheus::Registry;
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+
+use crate::support::Scrape;
+
+/// A certificate authority, and a server certificate it signed for
+/// `localhost` only.
+struct Certificates {
+    ca: CertificateDer<'static>,
+    server_pem: String,
+    server_key_pem: String,
+}
+
+fn authority(name: &str) -> (rcgen::Certificate, KeyPair) {
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    (params.self_signed(&key).unwrap(), key)
+}
+
+fn certificates() -> Certificates {
+    let (ca, ca_key) = authority("pgpipe test CA");
+    let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    let key = KeyPair::generate().unwrap();
+    let server = params.signed_by(&key, &ca, &ca_key).unwrap();
+    Certificates {
+        ca: ca.der().clone(),
+        server_pem: server.pem(),
+        server_key_pem: key.serialize_pem(),
+    }
+}
+
+fn trusting(ca: &CertificateDer<'static>) -> ClientConfig {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(pgpipe::rustls::crypto::ring::default_provider());
+    ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+}
+
+fn tls_cluster(certs: &Certificates) -> Option<Cluster> {
+    match Cluster::builder()
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.crt")
+        .setting("ssl_key_file", "server.key")
+        .file("server.crt", certs.server_pem.clone())
+        .file("server.key", certs.server_key_pem.clone())
+        .start()
+    {
+        Ok(cluster) => Some(cluster),
+        Err(e) => {
+            eprintln!("no throwaway cluster here ({e}); skipping the TLS tests");
+            None
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_works_and_checks_the_authority_and_the_host_name() {
+    let certs = certificates();
+    let Some(cluster) = tls_cluster(&certs) else {
+        return;
+    };
+    let port = cluster.port();
+
+    // The right authority and host name: encrypted, and still pipelined and
+    // observed (the tap reads the protocol above the encryption).
+    let registry = Registry::new();
+    let pool = Pool::builder()
+        .url(&format!(
+            "postgres://postgres@localhost:{port}/postgres?sslmode=require"
+        ))
+        .tls(trusting(&certs.ca))
+        .pipelining(true)
+        .max_size(2)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let queries: Vec<_> = (0..200i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
+        })
+        .collect();
+    for (i, query) in queries.into_iter().enumerate() {
+        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
+    }
+    let encrypted: bool = pool
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(encrypted, "the session is encrypted");
+    let scrape = Scrape::of(&registry);
+    assert!(scrape.value("pgpipe_pipeline_round_trips_saved_total", &[]) > 0.0);
+    assert!(scrape.histogram_count("pgpipe_pipeline_batch_size") > 0);
+
+    // An authority the server's certificate does not come from: refused.
+    let (other_ca, _) = authority("someone else");
+    let wrong_ca = Pool::builder()
+        .url(&format!(
+            "postgres://postgres@localhost:{port}/postgres?sslmode=require"
+        ))
+        .tls(trusting(&other_ca.der().clone()))
+        .build()
+        .unwrap();
+    let e = wrong_ca.query("SELECT 1", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connect, "{e}");
+
+    // The right authority, but a host name the certificate does not name.
+    let wrong_host = Pool::builder()
+        .url(&format!(
+            "postgres://postgres@127.0.0.1:{port}/postgres?sslmode=require"
+        ))
+        .tls(trusting(&certs.ca))
+        .build()
+        .unwrap();
+    let e = wrong_host.query("SELECT 1", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Connect, "{e}");
+
+    // `sslmode=require` without TLS configured is a build error, not a
+    // silent plaintext connection.
+    let e = Pool::builder()
+        .url(&format!(
+            "postgres://postgres@localhost:{port}/postgres?sslmode=require"
+        ))
+        .build()
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Config, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefer_falls_back_to_plaintext_and_is_still_observed() {
+    // A server without TLS: `sslmode=prefer` (the default) asks, hears
+    // no, and goes on in plaintext, and the tap follows.
+    let Ok(cluster) = Cluster::start() else {
+        eprintln!("no throwaway cluster here; skipping");
+        return;
+    };
+    let certs = certificates();
+    let registry = Registry::new();
+    let pool = Pool::builder()
+        .url(&cluster.url())
+        .tls(trusting(&certs.ca))
+        .pipelining(true)
+        .max_size(1)
+        .max_exclusive(1)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let queries: Vec<_> = (0..100i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
+        })
+        .collect();
+    for (i, query) in queries.into_iter().enumerate() {
+        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
+    }
+    let scrape = Scrape::of(&registry);
+    assert!(scrape.histogram_count("pgpipe_pipeline_batch_size") > 0);
+    assert!(
+        !scrape.value("pgpipe_pipeline_rtt_seconds", &[]).is_nan(),
+        "round trips timed"
+    );
+}
