@@ -4,7 +4,8 @@
 //! - `GET /accounts/{id}`: three independent queries issued concurrently;
 //!   with pipelining they share one round trip.
 //! - `POST /transfers` (`{"from": 1, "to": 2, "amount": 5}`): a transaction
-//!   on an exclusive connection from `pool.get()`.
+//!   on an exclusive connection from `pool.get()`, its statements written
+//!   once against `pgpipe::Executor`.
 //! - `GET /metrics`: the pool's Prometheus metrics.
 //!
 //! The binary (`src/main.rs`) says how to run it.
@@ -17,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pgpipe::tokio_postgres::types::ToSql;
-use pgpipe::{ErrorKind, Pool};
+use pgpipe::{ErrorKind, Executor, Pool};
 use prometheus::{Registry, TextEncoder};
 use serde::{Deserialize, Serialize};
 
@@ -158,46 +159,57 @@ async fn transfer(
     State(state): State<AppState>,
     Json(t): Json<Transfer>,
 ) -> Result<StatusCode, AppError> {
+    // A transaction needs a connection of its own.
+    let mut conn = state.pool.get().await?;
+    let tx = conn.transaction().await?;
+    if !move_money(&tx, &state.tables, &t).await? {
+        return Err(AppError::Refused); // dropping `tx` rolls it back
+    }
+    tx.commit().await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// The transfer itself, written against [`pgpipe::Executor`]: it would run
+/// as well on the pool (pipelined, without the transaction's guarantees)
+/// as inside the transaction it is given here. Returns whether the money
+/// was there to move.
+async fn move_money(
+    db: &impl Executor,
+    tables: &Tables,
+    t: &Transfer,
+) -> Result<bool, pgpipe::Error> {
     let Tables {
         accounts,
         transfers,
-    } = &*state.tables;
-    // A transaction needs a connection of its own.
-    let mut conn = state.pool.get().await?;
-    let tx = conn.transaction().await.map_err(pgpipe::Error::from)?;
+    } = tables;
     // Lock both rows in id order, so two opposite transfers cannot deadlock.
-    tx.execute(
+    db.execute(
         &format!("SELECT 1 FROM {accounts} WHERE id IN ($1, $2) ORDER BY id FOR UPDATE"),
         &[&t.from, &t.to],
     )
-    .await
-    .map_err(pgpipe::Error::from)?;
-    let debited = tx
+    .await?;
+    let debited = db
         .execute(
             &format!(
                 "UPDATE {accounts} SET balance = balance - $2 WHERE id = $1 AND balance >= $2"
             ),
             &[&t.from, &t.amount],
         )
-        .await
-        .map_err(pgpipe::Error::from)?;
+        .await?;
     if debited == 0 {
-        return Err(AppError::Refused); // dropping `tx` rolls it back
+        return Ok(false);
     }
-    tx.execute(
+    db.execute(
         &format!("UPDATE {accounts} SET balance = balance + $2 WHERE id = $1"),
         &[&t.to, &t.amount],
     )
-    .await
-    .map_err(pgpipe::Error::from)?;
-    tx.execute(
+    .await?;
+    db.execute(
         &format!("INSERT INTO {transfers} (from_id, to_id, amount) VALUES ($1, $2, $3)"),
         &[&t.from, &t.to, &t.amount],
     )
-    .await
-    .map_err(pgpipe::Error::from)?;
-    tx.commit().await.map_err(pgpipe::Error::from)?;
-    Ok(StatusCode::CREATED)
+    .await?;
+    Ok(true)
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {

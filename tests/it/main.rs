@@ -3,9 +3,12 @@
 //! and uses names of its own.
 
 mod bad_input;
+mod batch;
 mod correctness;
 mod dashboards;
+mod executor;
 mod faults;
+mod hol;
 mod hygiene;
 mod lifecycle;
 mod metrics;

@@ -172,6 +172,15 @@ impl PoolBuilder {
         self
     }
 
+    /// How much slower than the pool's fastest query a statement must be,
+    /// at its fastest, to be routed as slow, away from the fast queries'
+    /// pipelines; `None` routes by load alone. See
+    /// [`PoolConfig::slow_query_threshold`]. Default: 5 ms.
+    pub fn slow_query_threshold(mut self, threshold: impl Into<Option<Duration>>) -> Self {
+        self.config.slow_query_threshold = threshold.into();
+        self
+    }
+
     /// Connects with TLS (rustls), when the server offers it (`sslmode=prefer`,
     /// the default) or always (`sslmode=require`). Which certificate
     /// authorities are trusted is `config`'s to say, and the certificate

@@ -141,6 +141,17 @@ pub struct PoolConfig {
     ///
     /// Default: none.
     pub max_result_rows: Option<usize>,
+    /// Head-of-line awareness on the shared path: a statement whose fastest
+    /// recent run took this much longer than the fastest query of the pool
+    /// is treated as slow, and so is a query run through
+    /// [`Pool::slow`](crate::Pool::slow). Slow queries go to the connection
+    /// with the fewest slow queries in flight; fast ones avoid connections
+    /// that carry a slow query, or that owe answers and have read none for
+    /// this long, so that they do not wait behind it. `None` routes by load
+    /// alone.
+    ///
+    /// Default: 5 ms.
+    pub slow_query_threshold: Option<Duration>,
 }
 
 impl Default for PoolConfig {
@@ -166,6 +177,7 @@ impl Default for PoolConfig {
             idle_timeout: Some(Duration::from_secs(10 * 60)),
             max_result_bytes: Some(64 << 20),
             max_result_rows: None,
+            slow_query_threshold: Some(Duration::from_millis(5)),
         }
     }
 }
@@ -210,6 +222,7 @@ impl PoolConfig {
             ("stall_timeout", self.stall_timeout),
             ("max_lifetime", self.max_lifetime),
             ("idle_timeout", self.idle_timeout),
+            ("slow_query_threshold", self.slow_query_threshold),
         ];
         if let Some((name, _)) = positive
             .iter()

@@ -8,24 +8,32 @@ use std::sync::atomic::Ordering;
 use deadpool::managed::{Object, Timeouts};
 use tokio::sync::{OwnedSemaphorePermit, TryAcquireError};
 use tokio::time::Instant;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use crate::error::{Error, ErrorKind};
-use crate::exec::{self, Prepare};
+use crate::exec::{self, Answer, Op, Prepare};
 use crate::manager::{Manager, PgConn};
 use crate::pool::PoolInner;
+use crate::transaction::Transaction;
 
 /// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
 /// until dropped, never shared meanwhile.
 ///
 /// It dereferences to a [`tokio_postgres::Client`], so everything
-/// tokio-postgres offers works here, transactions included:
+/// tokio-postgres offers works here. Its [`transaction`](Connection::transaction)
+/// and its [`Executor`](crate::Executor) methods go through the
+/// connection's statement cache:
 ///
 /// ```no_run
-/// # async fn demo(pool: pgpipe::Pool) -> Result<(), Box<dyn std::error::Error>> {
+/// use pgpipe::Executor;
+///
+/// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
 /// let mut conn = pool.get().await?;
+/// conn.execute("SET statement_timeout = '5s'", &[]).await?;
 /// let tx = conn.transaction().await?;
-/// tx.execute("UPDATE accounts SET balance = balance - 1 WHERE id = $1", &[&1i64]).await?;
+/// tx.execute("UPDATE accounts SET balance = balance - 1 WHERE id = $1", &[&1i64])
+///     .await?;
 /// tx.commit().await?;
 /// # Ok(())
 /// # }
@@ -40,10 +48,54 @@ pub struct Connection {
     // claim is released, so a shared-path opener woken by the release finds
     // it there.
     object: Object<Manager>,
-    _claim: Claim,
+    claim: Claim,
 }
 
 impl Connection {
+    /// Starts a transaction. Its queries use this connection's statement
+    /// cache; dropped without a commit, it rolls back.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::ConnectionLost`] when the connection broke.
+    pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
+        let pool = &self.claim.pool;
+        let PgConn {
+            client,
+            cache,
+            state,
+            peer,
+            ..
+        } = &mut *self.object;
+        let inner = client.transaction().await?;
+        Ok(Transaction::new(inner, cache, state, peer, pool))
+    }
+
+    /// The tokio-postgres client, for its own methods where a pgpipe trait
+    /// in scope has one of the same name.
+    pub fn client(&self) -> &Client {
+        &self.object.client
+    }
+
+    pub(crate) async fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Answer, Error> {
+        let (conn, pool) = (self.pg_conn(), &self.claim.pool);
+        let run = exec::run(
+            conn.target(),
+            Prepare::Inline,
+            sql,
+            params,
+            op,
+            pool.limits(),
+        );
+        // Alone on its connection: a cancel can only hit this query.
+        pool.within_deadline(run, || conn.cancel()).await
+    }
+
     /// Prepares `sql` through the connection's statement cache: the first
     /// call prepares, later calls (also after the connection has served the
     /// shared path) reuse the statement.
@@ -53,7 +105,7 @@ impl Connection {
     /// [`ErrorKind::Db`] when the server rejects the SQL,
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
-        exec::statement(&self.object, &Prepare::Inline, sql)
+        exec::statement(self.object.target(), &Prepare::Inline, sql)
             .await
             .map(|(statement, _)| statement)
     }
@@ -178,10 +230,7 @@ impl PoolInner {
         let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
         object.state.needs_reset.store(true, Ordering::Release);
         object.state.exclusive.store(true, Ordering::Release);
-        Ok(Connection {
-            object,
-            _claim: claim,
-        })
+        Ok(Connection { object, claim })
     }
 
     fn claim(self: &Arc<Self>, permit: OwnedSemaphorePermit) -> Claim {

@@ -60,6 +60,16 @@ pub enum ErrorKind {
     /// it), or the result larger than `max_result_bytes`/`max_result_rows`.
     /// Nothing else was affected.
     TooLarge,
+    /// Another item of an atomic [`Batch`](crate::Batch) failed, so this one
+    /// was rolled back (it ran before the failure), skipped (after it), or
+    /// never sent (the failure was found before anything was sent). The
+    /// message names the failing item; [`Error::as_db_error`] and
+    /// [`Error::code`] give its server error, if it had one.
+    BatchAborted,
+    /// Transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an item of
+    /// an atomic [`Batch`](crate::Batch), which runs its own transaction.
+    /// Nothing was sent.
+    NotAllowedInBatch,
 }
 
 impl ErrorKind {
@@ -78,6 +88,8 @@ impl ErrorKind {
             ErrorKind::Connect => "could not connect",
             ErrorKind::Protocol => "protocol error",
             ErrorKind::TooLarge => "too large",
+            ErrorKind::BatchAborted => "batch aborted",
+            ErrorKind::NotAllowedInBatch => "not allowed in an atomic batch",
         }
     }
 }
@@ -196,6 +208,17 @@ impl Error {
             ErrorKind::QueueFull,
             format!("{capacity} queries are already waiting (queue_capacity); refused"),
         )
+    }
+
+    /// An error of `kind` caused by this one, for another query: it keeps
+    /// this one's server error (so `code()` still answers) or, without one,
+    /// its text.
+    pub(crate) fn echo(&self, kind: ErrorKind, message: impl Into<String>) -> Error {
+        let message = message.into();
+        match self.as_db_error() {
+            Some(db) => Error::with_source(kind, message, db.clone()),
+            None => Error::new(kind, format!("{message}: {self}")),
+        }
     }
 
     pub(crate) fn row_count(expected: &str, got: usize) -> Error {

@@ -78,10 +78,16 @@ impl PgConn {
 
     /// Asks the server to cancel what this connection's backend runs now.
     pub(crate) fn cancel(&self) {
-        let (peer, token) = (self.peer.clone(), self.client.cancel_token());
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move { connect::cancel(&peer, &token).await });
-        }
+        cancel(&self.peer, &self.client);
+    }
+}
+
+/// Asks the server behind `peer` to cancel what `client`'s backend runs now,
+/// without waiting for the answer.
+pub(crate) fn cancel(peer: &Peer, client: &Client) {
+    let (peer, token) = (peer.clone(), client.cancel_token());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { connect::cancel(&peer, &token).await });
     }
 }
 

@@ -15,7 +15,9 @@ use crate::builder::PoolBuilder;
 use crate::config::PoolConfig;
 use crate::connection::{Connection, Owner};
 use crate::error::{Error, ErrorKind};
-use crate::exec::{self, Limits, Op, Output, Prepare};
+use crate::exec::{self, Answer, Limits, Op, Prepare};
+use crate::executor;
+use crate::hol::Costs;
 use crate::manager::Manager;
 use crate::metrics::{self, Metrics, Mode};
 use crate::session;
@@ -41,7 +43,7 @@ const RTT_WINDOW_TICKS: u64 = 50;
 /// what may run on the shared path and what needs [`get`](Pool::get).
 #[derive(Clone)]
 pub struct Pool {
-    inner: Arc<PoolInner>,
+    pub(crate) inner: Arc<PoolInner>,
 }
 
 pub(crate) struct PoolInner {
@@ -62,6 +64,8 @@ pub(crate) struct PoolInner {
     pub(crate) metrics: Option<Arc<Metrics>>,
     /// Most pipelined queries in flight at once since the last scrape.
     pub(crate) depth_high: AtomicU64,
+    /// How long statements take, for head-of-line-aware routing.
+    pub(crate) costs: Costs,
 }
 
 /// What [`Pool::new`] needs besides the settings.
@@ -115,6 +119,7 @@ impl Pool {
             wire,
             metrics,
             depth_high: AtomicU64::new(0),
+            costs: Costs::default(),
         });
         if let (Some(registry), Some(metrics)) = (&setup.registry, &inner.metrics) {
             metrics::register(registry, Arc::downgrade(&inner), metrics, &setup.name)?;
@@ -144,7 +149,9 @@ impl Pool {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        self.run(sql, params, Op::Query).await.map(Output::rows)
+        self.run(sql, params, Op::Query, false)
+            .await
+            .map(Answer::into_rows)
     }
 
     /// Runs a query that must return exactly one row.
@@ -154,11 +161,7 @@ impl Pool {
     /// As [`query`](Pool::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount)
     /// for zero rows or more than one.
     pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        let mut rows = self.query(sql, params).await?;
-        match rows.len() {
-            1 => Ok(rows.remove(0)),
-            n => Err(Error::row_count("exactly one", n)),
-        }
+        executor::exactly_one(self.query(sql, params).await?)
     }
 
     /// Runs a query that returns at most one row.
@@ -172,12 +175,7 @@ impl Pool {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        let mut rows = self.query(sql, params).await?;
-        match rows.len() {
-            0 => Ok(None),
-            1 => Ok(Some(rows.remove(0))),
-            n => Err(Error::row_count("at most one", n)),
-        }
+        executor::at_most_one(self.query(sql, params).await?)
     }
 
     /// Runs a statement and returns how many rows it affected.
@@ -186,18 +184,22 @@ impl Pool {
     ///
     /// As [`query`](Pool::query).
     pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        self.run(sql, params, Op::Execute).await.map(Output::count)
+        self.run(sql, params, Op::Execute, false)
+            .await
+            .map(|a| a.rows_affected())
     }
 
-    async fn run(
+    /// Runs one query; `slow` is the caller's word that it is slow.
+    pub(crate) async fn run(
         &self,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         op: Op,
-    ) -> Result<Output, Error> {
+        slow: bool,
+    ) -> Result<Answer, Error> {
         let inner = &self.inner;
         let Some(metrics) = &inner.metrics else {
-            return self.run_unobserved(sql, params, op, None).await;
+            return self.run_unobserved(sql, params, op, slow, None).await;
         };
         let mode = if inner.config.pipelining {
             Mode::Pipelined
@@ -205,7 +207,9 @@ impl Pool {
             Mode::Exclusive
         };
         let start = Instant::now();
-        let result = self.run_unobserved(sql, params, op, Some(start)).await;
+        let result = self
+            .run_unobserved(sql, params, op, slow, Some(start))
+            .await;
         metrics.query(mode, start.elapsed(), result.as_ref().map(drop));
         result
     }
@@ -215,8 +219,9 @@ impl Pool {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         op: Op,
+        slow: bool,
         waiting: Option<Instant>,
-    ) -> Result<Output, Error> {
+    ) -> Result<Answer, Error> {
         session::check(sql)?;
         let inner = &self.inner;
         if inner.is_closed() {
@@ -228,15 +233,22 @@ impl Pool {
             let conn = inner.checkout().await?;
             inner.waited(waiting);
             let conn = conn.pg_conn();
-            let run = exec::run(conn, Prepare::Inline, sql, params, op, limits);
+            let run = exec::run(conn.target(), Prepare::Inline, sql, params, op, limits);
             // Alone on its connection: a cancel can only hit this query.
             return inner.within_deadline(run, || conn.cancel()).await;
         }
+        // Head-of-line awareness: is this query known to be slow?
+        let hol = inner.config.slow_query_threshold.map(|threshold| {
+            let key = Costs::key(sql);
+            (key, slow || inner.costs.is_slow(key, threshold))
+        });
+        let slow = hol.is_some_and(|(_, slow)| slow);
         // A query that never left the client (its connection died first)
         // is run on another connection; once sent, never again.
         let mut attempts = 0;
         loop {
-            let slot = inner.reserve().await?;
+            let slot = inner.reserve(slow).await?;
+            let admitted = hol.map(|_| Instant::now());
             if attempts == 0 {
                 inner.waited(waiting);
             }
@@ -249,10 +261,14 @@ impl Pool {
                 }
             }
             let conn = &slot.conn;
-            let run = exec::run(conn.conn(), Prepare::Spawned(conn), sql, params, op, limits);
+            let target = conn.conn().target();
+            let run = exec::run(target, Prepare::Spawned(conn), sql, params, op, limits);
             let result = inner
                 .within_deadline(run, || inner.late_on_shared(conn))
                 .await;
+            if let (Some((key, _)), Some(admitted), Ok(_)) = (hol, admitted, &result) {
+                inner.costs.observe(key, admitted.elapsed());
+            }
             if let Err(e) = &result {
                 if e.kind() == ErrorKind::ConnectionLost {
                     // The connection is going (a FATAL error arrives before
@@ -336,19 +352,20 @@ impl PoolInner {
         }
     }
 
-    fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         Limits {
             max_bytes: self.config.max_result_bytes,
             max_rows: self.config.max_result_rows,
+            drain: false,
         }
     }
 
     /// Runs `query` within `query_timeout`, calling `late` if it runs out.
-    async fn within_deadline(
+    pub(crate) async fn within_deadline<T>(
         &self,
-        query: impl Future<Output = Result<Output, Error>>,
+        query: impl Future<Output = Result<T, Error>>,
         late: impl FnOnce(),
-    ) -> Result<Output, Error> {
+    ) -> Result<T, Error> {
         let Some(deadline) = self.config.query_timeout else {
             return query.await;
         };
@@ -366,7 +383,7 @@ impl PoolInner {
     /// request hits whatever the backend runs, so send one only if this
     /// query is the only one in flight there; else let it finish, its
     /// answer discarded (tokio-postgres reads past it).
-    fn late_on_shared(&self, conn: &Arc<SharedConn>) {
+    pub(crate) fn late_on_shared(&self, conn: &Arc<SharedConn>) {
         let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
         self.retire(conn);
         if alone {
@@ -375,7 +392,7 @@ impl PoolInner {
     }
 
     /// Records how long a query or checkout waited for its connection.
-    fn waited(&self, since: Option<Instant>) {
+    pub(crate) fn waited(&self, since: Option<Instant>) {
         if let (Some(metrics), Some(since)) = (&self.metrics, since) {
             metrics
                 .connection_wait
@@ -390,7 +407,7 @@ impl PoolInner {
     /// Starts the housekeeping task on first use (the builder may run
     /// outside a runtime, so it cannot start it). It holds only a weak
     /// reference and ends when the pool is dropped or closed.
-    fn start_housekeeping(self: &Arc<Self>) {
+    pub(crate) fn start_housekeeping(self: &Arc<Self>) {
         if self.housekeeping.load(Ordering::Relaxed)
             || self.housekeeping.swap(true, Ordering::AcqRel)
         {
@@ -413,6 +430,7 @@ async fn housekeeping(pool: Weak<PoolInner>) {
         let tick = pool.wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
         if tick % RTT_WINDOW_TICKS == 0 {
             pool.wire.rtt.rotate();
+            pool.costs.rotate();
         }
         pool.watch_stalls(TICK);
         pool.expire(TICK);

@@ -23,9 +23,14 @@ pub(crate) type Admission = Result<Handoff, Error>;
 
 /// A place on a shared connection, in transit to a waiting query. If the
 /// query gave up before taking it, dropping it frees the place again.
+///
+/// A place for a slow query is counted in its connection's slow queries
+/// from before it is sent, so that the router never sees the connection
+/// without it.
 pub(crate) struct Handoff {
     conn: Option<Arc<SharedConn>>,
     pool: Arc<PoolInner>,
+    slow: bool,
 }
 
 impl Handoff {
@@ -33,10 +38,21 @@ impl Handoff {
         Handoff {
             conn: Some(conn),
             pool,
+            slow: false,
         }
     }
 
-    /// Takes the place; from here on the caller's `Slot` owns it.
+    fn for_slow(&mut self, slow: bool) {
+        if let Some(conn) = &self.conn {
+            if slow != self.slow {
+                conn.count_slow(slow);
+                self.slow = slow;
+            }
+        }
+    }
+
+    /// Takes the place; from here on the caller's `Slot` owns it (and its
+    /// count among the slow queries, if it is one).
     pub(crate) fn take(mut self) -> Arc<SharedConn> {
         self.conn.take().expect("a hand-off is taken once")
     }
@@ -44,16 +60,25 @@ impl Handoff {
 
 impl Drop for Handoff {
     fn drop(&mut self) {
+        self.for_slow(false);
         if let Some(conn) = self.conn.take() {
             self.pool.release(&conn);
         }
     }
 }
 
+/// One waiting query.
+#[derive(Debug)]
+struct Waiter {
+    sender: oneshot::Sender<Admission>,
+    /// Routed as a slow query (see [`hol`](crate::hol)).
+    slow: bool,
+}
+
 /// Queries waiting for a place, oldest first.
 #[derive(Debug, Default)]
 pub(crate) struct WaitQueue {
-    waiters: Mutex<VecDeque<oneshot::Sender<Admission>>>,
+    waiters: Mutex<VecDeque<Waiter>>,
     /// Waiters still waiting (the deque may also hold some that gave up).
     live: AtomicUsize,
 }
@@ -82,10 +107,20 @@ impl WaitQueue {
             .is_empty()
     }
 
+    /// Whether the oldest waiter still waiting is a slow query.
+    pub(crate) fn oldest_is_slow(&self) -> bool {
+        let waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        waiters
+            .iter()
+            .find(|w| !w.sender.is_closed())
+            .is_some_and(|w| w.slow)
+    }
+
     /// Joins the queue, unless `capacity` queries already wait.
     pub(crate) fn join(
         &self,
         capacity: usize,
+        slow: bool,
     ) -> Option<(oneshot::Receiver<Admission>, Waiting<'_>)> {
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         if self.live.load(Ordering::Acquire) >= capacity {
@@ -94,10 +129,10 @@ impl WaitQueue {
         // Waiters that gave up stay until someone passes them; keep them
         // from piling up when nobody does.
         if waiters.len() > 2 * capacity.max(32) {
-            waiters.retain(|w| !w.is_closed());
+            waiters.retain(|w| !w.sender.is_closed());
         }
         let (sender, receiver) = oneshot::channel();
-        waiters.push_back(sender);
+        waiters.push_back(Waiter { sender, slow });
         self.live.fetch_add(1, Ordering::AcqRel);
         Some((receiver, Waiting(self)))
     }
@@ -107,10 +142,16 @@ impl WaitQueue {
     pub(crate) fn admit_oldest(&self, mut admission: Admission) -> Result<(), Admission> {
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         while let Some(waiter) = waiters.pop_front() {
-            match waiter.send(admission) {
+            if let Ok(handoff) = &mut admission {
+                handoff.for_slow(waiter.slow);
+            }
+            match waiter.sender.send(admission) {
                 Ok(()) => return Ok(()),
                 Err(returned) => admission = returned, // it gave up; next
             }
+        }
+        if let Ok(handoff) = &mut admission {
+            handoff.for_slow(false);
         }
         Err(admission)
     }
@@ -119,7 +160,7 @@ impl WaitQueue {
     pub(crate) fn fail_all(&self, error: impl Fn() -> Error) {
         let waiters = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|e| e.into_inner()));
         for waiter in waiters {
-            let _ = waiter.send(Err(error()));
+            let _ = waiter.sender.send(Err(error()));
         }
     }
 }

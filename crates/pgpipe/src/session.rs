@@ -32,22 +32,71 @@ use crate::error::{Error, ErrorKind};
 
 /// Refuses SQL that would change session state; see the module docs.
 pub(crate) fn check(sql: &str) -> Result<(), Error> {
+    match first_refused(sql, refused) {
+        Some(what) => Err(refusal(what)),
+        None => Ok(()),
+    }
+}
+
+/// Refuses transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an
+/// item of an atomic batch, which runs the transaction itself: a `COMMIT`
+/// there would end it early and leave the rest of the batch outside it.
+pub(crate) fn check_in_atomic_batch(sql: &str) -> Result<(), Error> {
+    match first_refused(sql, controls_transaction) {
+        Some(what) => Err(Error::new(
+            ErrorKind::NotAllowedInBatch,
+            format!(
+                "{what} in an atomic batch, which runs its own transaction; \
+                 use pool.get() and a transaction for explicit control"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// What `refuse` names in the first `;`-separated statement it refuses.
+fn first_refused(
+    sql: &str,
+    refuse: fn(&[Token<'_>]) -> Option<&'static str>,
+) -> Option<&'static str> {
     if plainly_harmless(sql.as_bytes()) {
-        return Ok(());
+        return None;
     }
     let tokens: Lexer<'_> = Lexer::new(sql.as_bytes());
     let mut statement: Vec<Token<'_>> = Vec::new();
     for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
         if token == Token::Punct(b';') {
-            if let Some(what) = refused(&statement) {
-                return Err(refusal(what));
+            if let Some(what) = refuse(&statement) {
+                return Some(what);
             }
             statement.clear();
         } else {
             statement.push(token);
         }
     }
-    Ok(())
+    None
+}
+
+const TRANSACTION_CONTROL: &[&str] = &[
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "savepoint",
+    "release",
+    "prepare",
+];
+
+fn controls_transaction(statement: &[Token<'_>]) -> Option<&'static str> {
+    let Some(Token::Word(first)) = statement.first() else {
+        return None;
+    };
+    TRANSACTION_CONTROL
+        .iter()
+        .find(|w| is(first, w))
+        .map(|w| keyword_name(w))
 }
 
 /// The common case, without lexing (or allocating): one statement that
@@ -527,6 +576,25 @@ mod tests {
         assert!(plainly_harmless(b"  SELECT $1::int8"));
         assert!(!plainly_harmless(b"/* c */ SELECT 1"));
         assert!(!plainly_harmless(b"SELECT 1 INTO TEMP t"));
+    }
+
+    #[test]
+    fn atomic_batches_refuse_transaction_control_only() {
+        for sql in [
+            "COMMIT",
+            "  begin",
+            "/* x */ SAVEPOINT a",
+            "SELECT 1; ROLLBACK",
+        ] {
+            assert!(check_in_atomic_batch(sql).is_err(), "{sql}");
+        }
+        for sql in [
+            "SET LOCAL work_mem = '8MB'",
+            "SELECT pg_advisory_xact_lock(1)",
+            "SET x = 1",
+        ] {
+            assert!(check_in_atomic_batch(sql).is_ok(), "{sql}");
+        }
     }
 
     #[test]

@@ -3,10 +3,10 @@
 //!
 //! Each shared connection keeps its own writer (tokio-postgres' connection
 //! task); there is no pool-wide write loop. Admission is lock-free: a query
-//! reads the current list of shared connections (one atomic load), picks the
-//! one with the fewest queries in flight and claims a place on it with one
-//! compare-and-swap on that connection's load word. Only when nothing has
-//! room does a query touch the wait queue.
+//! reads the current list of shared connections (one atomic load), picks one
+//! by [`Routing`] and by what holds each up (see [`hol`](crate::hol)), and
+//! claims a place on it with one compare-and-swap on that connection's load
+//! word. Only when nothing has room does a query touch the wait queue.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,7 +23,7 @@ use crate::manager::{Manager, PgConn};
 use crate::metrics::CloseReason;
 use crate::pool::PoolInner;
 use crate::queue::{Handoff, WaitQueue};
-use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, SHARED};
+use crate::wire::{CLOSED, ConnState, DEAD, LOAD_MASK, PoolWire, SHARED};
 
 /// A connection on loan to the shared path. It goes back to deadpool when
 /// the last query using it finishes after it was retired.
@@ -32,6 +32,8 @@ pub(crate) struct SharedConn {
     pub(crate) gate: Gate,
     /// The pool's coarse clock when the last query finished.
     idle_since: AtomicU64,
+    /// Slow queries in flight (see [`hol`](crate::hol)).
+    slow: AtomicU64,
 }
 
 impl SharedConn {
@@ -45,6 +47,15 @@ impl SharedConn {
 
     fn load(&self) -> u64 {
         self.state().load.load(Ordering::Acquire)
+    }
+
+    /// Counts one more slow query in flight, or one fewer.
+    pub(crate) fn count_slow(&self, more: bool) {
+        if more {
+            self.slow.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.slow.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Queries admitted and not finished.
@@ -116,18 +127,36 @@ struct OpenFailure {
 const BACKOFF_FIRST: Duration = Duration::from_millis(25);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// A query's place on a shared connection; frees it (or hands it to the
-/// longest-waiting query) when dropped.
+/// A query's place on a shared connection (or a batch's places); frees
+/// them (or hands them to the longest-waiting queries) when dropped.
 pub(crate) struct Slot<'a> {
     pub(crate) conn: Arc<SharedConn>,
     /// Queries in flight on the connection when this one was admitted.
     pub(crate) ahead: u64,
+    /// Counted in the connection's slow queries.
+    slow: bool,
+    places: u64,
     pool: &'a Arc<PoolInner>,
+}
+
+impl Slot<'_> {
+    /// Takes `extra` more places on the same connection, past its depth
+    /// limit if need be: the items of one batch go out together. Others
+    /// wait until the connection is back under its limit.
+    pub(crate) fn extend(&mut self, extra: u64) {
+        self.conn.state().load.fetch_add(extra, Ordering::AcqRel);
+        self.places += extra;
+    }
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.pool.release(&self.conn);
+        if self.slow {
+            self.conn.count_slow(false);
+        }
+        for _ in 0..self.places {
+            self.pool.release(&self.conn);
+        }
     }
 }
 
@@ -145,26 +174,106 @@ enum Route {
     Wait,
 }
 
+/// How a connection ranks for one query, lower first: for a fast query,
+/// whether it is held up, then how many slow queries it carries; for a slow
+/// query, how many slow queries it carries, then whether it is overdue.
+/// Then its load (with [`Routing::Spread`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Rank {
+    first: u64,
+    second: u64,
+    load: u64,
+    /// The chosen connection is held up: another should be opened.
+    held: bool,
+}
+
+impl Rank {
+    fn held_up(self) -> bool {
+        self.held
+    }
+}
+
+/// Ranks connections for one routing decision; with `None`, head-of-line
+/// awareness is off and only the load counts.
+struct HeldUp<'a>(Option<Overdue<'a>>);
+
+/// Whether a connection owes answers and has read none for `after`
+/// nanoseconds (the clock is read once per decision, and only if needed).
+struct Overdue<'a> {
+    after: u64,
+    now: Option<u64>,
+    wire: &'a PoolWire,
+}
+
+impl HeldUp<'_> {
+    fn rank(&mut self, conn: &SharedConn, slow: bool, load: u64) -> Rank {
+        let Some(overdue) = &mut self.0 else {
+            return Rank {
+                first: 0,
+                second: 0,
+                load,
+                held: false,
+            };
+        };
+        let slows = conn.slow.load(Ordering::Acquire);
+        let late = overdue.is(conn.state());
+        if slow {
+            Rank {
+                first: slows,
+                second: u64::from(late),
+                load,
+                held: slows > 0,
+            }
+        } else {
+            let held = slows > 0 || late;
+            Rank {
+                first: u64::from(held),
+                second: slows,
+                load,
+                held,
+            }
+        }
+    }
+}
+
+impl Overdue<'_> {
+    fn is(&mut self, state: &ConnState) -> bool {
+        if state.wire_depth() == 0 {
+            return false;
+        }
+        let progress = state.progress.load(Ordering::Relaxed);
+        let now = *self.now.get_or_insert_with(|| self.wire.now_nanos());
+        now.saturating_sub(progress) > self.after
+    }
+}
+
 impl PoolInner {
     /// Admits one query onto a shared connection, waiting (bounded in count
     /// and time, first come first served) when every connection is full.
-    pub(crate) async fn reserve(self: &Arc<Self>) -> Result<Slot<'_>, Error> {
+    /// `slow` queries are routed as [`hol`](crate::hol) describes.
+    pub(crate) async fn reserve(self: &Arc<Self>, slow: bool) -> Result<Slot<'_>, Error> {
         if self.shared.queue.len() == 0 {
-            match self.route() {
+            match self.route(slow) {
                 Route::Go(conn, ahead, in_flight) => {
                     self.note_depth(in_flight + 1);
-                    return Ok(self.slot(conn, ahead));
+                    if slow {
+                        conn.count_slow(true);
+                    }
+                    return Ok(self.slot(conn, ahead, slow));
                 }
                 Route::GoAndOpen(conn, ahead, in_flight) => {
                     self.note_depth(in_flight + 1);
                     self.spawn_open();
-                    return Ok(self.slot(conn, ahead));
+                    if slow {
+                        conn.count_slow(true);
+                    }
+                    return Ok(self.slot(conn, ahead, slow));
                 }
                 Route::Open => self.spawn_open(),
                 Route::Wait => {}
             }
         }
-        self.reserve_slow().await
+        self.reserve_slow(slow).await
     }
 
     /// Raises the high-water mark of pipelined queries in flight (for the
@@ -175,15 +284,19 @@ impl PoolInner {
         }
     }
 
-    fn slot(self: &Arc<Self>, conn: Arc<SharedConn>, ahead: u64) -> Slot<'_> {
+    /// A slot for a place already claimed (and, for a `slow` query,
+    /// already counted among the connection's slow queries).
+    fn slot(self: &Arc<Self>, conn: Arc<SharedConn>, ahead: u64, slow: bool) -> Slot<'_> {
         Slot {
             conn,
             ahead,
+            slow,
+            places: 1,
             pool: self,
         }
     }
 
-    async fn reserve_slow(self: &Arc<Self>) -> Result<Slot<'_>, Error> {
+    async fn reserve_slow(self: &Arc<Self>, slow: bool) -> Result<Slot<'_>, Error> {
         if self.is_closed() {
             return Err(Error::closed());
         }
@@ -201,7 +314,7 @@ impl PoolInner {
         }
         let deadline = Instant::now() + self.config.wait_timeout;
         let capacity = self.config.queue_capacity;
-        let Some((admission, _waiting)) = self.shared.queue.join(capacity) else {
+        let Some((admission, _waiting)) = self.shared.queue.join(capacity, slow) else {
             return Err(Error::queue_full(capacity));
         };
         // Room may have appeared since the fast path looked, and a new
@@ -212,7 +325,7 @@ impl PoolInner {
                 let conn = handoff.take();
                 let ahead = (conn.load() & LOAD_MASK).saturating_sub(1);
                 self.note_depth(self.shared_counts().1 as u64);
-                Ok(self.slot(conn, ahead))
+                Ok(self.slot(conn, ahead, slow))
             }
             Ok(Ok(Err(error))) => Err(error),
             Ok(Err(_)) => Err(Error::closed()),
@@ -265,7 +378,8 @@ impl PoolInner {
         // Waiters already answered stay counted until they wake; only the
         // unanswered ones need a place.
         while self.shared.queue.has_unanswered() {
-            let (conn, _ahead) = match self.route() {
+            let slow = self.shared.queue.oldest_is_slow();
+            let (conn, _ahead) = match self.route(slow) {
                 Route::Go(conn, ahead, _) => (conn, ahead),
                 Route::GoAndOpen(conn, ahead, _) => {
                     self.spawn_open();
@@ -292,15 +406,20 @@ impl PoolInner {
         }
     }
 
-    /// Picks a connection for one query; see [`Routing`].
-    fn route(&self) -> Route {
+    /// Picks a connection for one query; see [`Routing`] and
+    /// [`hol`](crate::hol).
+    fn route(&self, slow: bool) -> Route {
         let max_depth = self.config.max_pipeline_depth as u64;
         let fill = self.config.routing == Routing::Fill;
+        let mut held_up = self.held_up();
         for _ in 0..4 {
             let conns = self.shared.conns.load();
-            // Spread: the least loaded connection. Fill: the first (oldest)
-            // one with room, so that later ones drain and go back to idle.
-            let mut best: Option<(&Arc<SharedConn>, u64)> = None;
+            // Fill: the first (oldest) connection with room, so that later
+            // ones drain and go back to idle; Spread: the least loaded. Fast
+            // queries first avoid connections held up by slow work; slow
+            // queries go where there is the least of it (with Fill, the
+            // newest such connection, keeping the oldest clear).
+            let mut best: Option<(&Arc<SharedConn>, Rank)> = None;
             let mut with_room = 0;
             let mut live = 0;
             let mut stale = false;
@@ -318,12 +437,14 @@ impl PoolInner {
                     continue;
                 }
                 with_room += 1;
+                let rank = held_up.rank(conn, slow, if fill { 0 } else { n });
                 let better = match best {
                     None => true,
-                    Some((_, m)) => !fill && n < m,
+                    Some((_, best)) if slow && fill => rank <= best,
+                    Some((_, best)) => rank < best,
                 };
                 if better {
-                    best = Some((conn, n));
+                    best = Some((conn, rank));
                 }
             }
             if stale {
@@ -331,13 +452,18 @@ impl PoolInner {
             }
             let room_to_open =
                 live + self.shared.opening.load(Ordering::Acquire) < self.shared_limit();
-            let Some((conn, _)) = best else {
+            let Some((conn, rank)) = best else {
                 return if room_to_open {
                     Route::Open
                 } else {
                     Route::Wait
                 };
             };
+            if rank.held_up() && room_to_open {
+                // Better to wait for a new connection (a few round trips)
+                // than behind a slow query of unknown length.
+                return Route::Open;
+            }
             let Some(ahead) = conn.admit(max_depth) else {
                 continue; // lost a race for its last place; look again
             };
@@ -354,6 +480,23 @@ impl PoolInner {
             };
         }
         Route::Wait
+    }
+
+    /// What makes a connection held up, for one routing decision; `None`
+    /// when head-of-line awareness is off.
+    fn held_up(&self) -> HeldUp<'_> {
+        let Some(threshold) = self.config.slow_query_threshold else {
+            return HeldUp(None);
+        };
+        // A healthy pipelined connection answers at least once a round trip
+        // (which the floor includes); one that does not for the threshold
+        // on top is stuck behind something slow.
+        let floor = self.costs.floor().unwrap_or(threshold);
+        HeldUp(Some(Overdue {
+            after: (threshold + floor).as_nanos() as u64,
+            now: None,
+            wire: &self.wire,
+        }))
     }
 
     /// How many connections the shared path may hold now: what exclusive
@@ -502,6 +645,7 @@ impl PoolInner {
             object,
             gate: Gate::default(),
             idle_since: AtomicU64::new(self.wire.clock.load(Ordering::Relaxed)),
+            slow: AtomicU64::new(0),
         })))
     }
 

@@ -65,6 +65,10 @@ pub(crate) struct ConnState {
     pub(crate) last_read: AtomicU64,
     /// The pool clock when it last went back to the idle set.
     pub(crate) idle_since: AtomicU64,
+    /// [`PoolWire::now_nanos`] at the last ReadyForQuery read, or at a write
+    /// to an idle connection: a connection that owes answers and has not
+    /// moved for long is held up by something slow at its head.
+    pub(crate) progress: AtomicU64,
     /// Why the pool closes it, once decided ([`CloseReason`] + 1).
     close_reason: AtomicU8,
     /// Ends the connection's I/O task.
@@ -157,6 +161,17 @@ pub(crate) struct PoolWire {
     pub(crate) clock: AtomicU64,
     /// Every connection opened and not yet dropped, for the stall watchdog.
     states: std::sync::Mutex<Vec<std::sync::Weak<ConnState>>>,
+    /// Where [`now_nanos`](PoolWire::now_nanos) counts from.
+    epoch: Epoch,
+}
+
+#[derive(Debug)]
+struct Epoch(Instant);
+
+impl Default for Epoch {
+    fn default() -> Epoch {
+        Epoch(Instant::now())
+    }
 }
 
 impl PoolWire {
@@ -165,6 +180,11 @@ impl PoolWire {
             metrics,
             ..PoolWire::default()
         }
+    }
+
+    /// A fine clock for the hot path: nanoseconds since the pool was made.
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.epoch.0.elapsed().as_nanos() as u64
     }
 
     pub(crate) fn register(&self, state: &Arc<ConnState>) {
@@ -442,6 +462,9 @@ impl<S> TappedStream<S> {
             _ => {}
         });
         if readies > 0 {
+            state
+                .progress
+                .store(self.pool.now_nanos(), Ordering::Relaxed);
             let answered = state.readies.fetch_add(readies, Ordering::AcqRel) + readies;
             if let Some((sent, awaited)) = self.probe {
                 if answered >= awaited {
@@ -491,6 +514,9 @@ impl<S> TappedStream<S> {
             // Nothing was owed until now: the stall clock starts here.
             let now = self.pool.clock.load(Ordering::Relaxed);
             self.state.last_read.store(now, Ordering::Relaxed);
+            self.state
+                .progress
+                .store(self.pool.now_nanos(), Ordering::Relaxed);
         }
         if let Some(metrics) = &self.pool.metrics {
             if self.state.is_shared() {

@@ -1,0 +1,223 @@
+//! Atomic batches: `BEGIN`, the items, `COMMIT`, pipelined back to back on
+//! an exclusive connection, and an honest account of what happened.
+//!
+//! tokio-postgres ends every request with its own `Sync`, so the three parts
+//! are separate requests; on an exclusive connection nothing can come
+//! between them. After a failed item the server skips the rest
+//! (`25P02`) and answers `COMMIT` with a `ROLLBACK` tag and no error, so the
+//! outcome is read from the items' errors, never from `COMMIT` alone.
+
+use tokio_postgres::Statement;
+
+use super::{Batch, BatchResults, join_in_order, unanswered};
+use crate::error::{Error, ErrorKind};
+use crate::exec::{self, Answer, Limits, Prepare, Target};
+use crate::session;
+
+/// One request of the pipeline.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Begin,
+    Item(usize),
+    Commit,
+}
+
+impl Batch<'_> {
+    pub(super) async fn run_atomic(&self) -> Result<BatchResults, Error> {
+        let inner = &self.pool.inner;
+        // Refused before anything is sent, or a connection taken.
+        for (i, item) in self.items.iter().enumerate() {
+            let refused =
+                exec::check_sql(item.sql).and_then(|()| session::check_in_atomic_batch(item.sql));
+            if let Err(e) = refused {
+                return Ok(self.abort(i, e, false));
+            }
+        }
+        if inner.is_closed() {
+            return Err(Error::closed());
+        }
+        inner.start_housekeeping();
+        let conn = inner.checkout().await?;
+        let pg = conn.pg_conn();
+        let target = Target {
+            heal: false,
+            ..pg.target()
+        };
+        let statements = match self.prepare_all(target).await {
+            Ok(statements) => statements,
+            Err((i, e)) => return Ok(self.abort(i, e, false)),
+        };
+        // With `drain`, an answer past the result caps is read to its end,
+        // so that an error hidden behind it still shows.
+        let limits = Limits {
+            drain: true,
+            ..inner.limits()
+        };
+        let steps: Vec<Step> = std::iter::once(Step::Begin)
+            .chain((0..self.items.len()).map(Step::Item))
+            .chain(std::iter::once(Step::Commit))
+            .collect();
+        let mut answers = unanswered(steps.len());
+        let sending = steps
+            .iter()
+            .map(|step| self.send(target, &statements, *step, limits))
+            .collect();
+        let pipeline = async {
+            join_in_order(sending, |j, answer| answers[j] = Some(answer)).await;
+            Ok(())
+        };
+        if inner
+            .within_deadline(pipeline, || pg.cancel())
+            .await
+            .is_err()
+        {
+            return Err(Error::new(
+                ErrorKind::Timeout,
+                "the atomic batch ran past query_timeout and was cancelled; whether it \
+                 committed is unknown",
+            ));
+        }
+        let mut answers = answers
+            .into_iter()
+            .map(|a| a.expect("every step is answered"));
+        let begin = answers.next().expect("a BEGIN step");
+        let commit = answers.next_back().expect("a COMMIT step");
+        let items: Vec<Result<Option<Answer>, Error>> = answers.collect();
+        self.outcome(begin, items, commit)
+    }
+
+    /// Every item's statement, prepared (pipelined, on a miss) and checked
+    /// against its parameters; or the first item that cannot run.
+    async fn prepare_all(&self, target: Target<'_>) -> Result<Vec<Statement>, (usize, Error)> {
+        let mut found = unanswered(self.items.len());
+        let preparing = self
+            .items
+            .iter()
+            .map(|item| exec::statement(target, &Prepare::Inline, item.sql))
+            .collect();
+        join_in_order(preparing, |i, statement| found[i] = Some(statement)).await;
+        let mut statements = Vec::with_capacity(self.items.len());
+        for (i, (item, statement)) in self.items.iter().zip(found).enumerate() {
+            let statement = statement.expect("every statement is looked up");
+            // Every value is encoded here, fixed-size ones too: an encoding
+            // failure at send time would leave this item out of a
+            // transaction that then commits.
+            let checked = statement.and_then(|(statement, _)| {
+                exec::check(&statement, self.item_params(item), true).map(|()| statement)
+            });
+            statements.push(checked.map_err(|e| (i, e))?);
+        }
+        Ok(statements)
+    }
+
+    async fn send(
+        &self,
+        target: Target<'_>,
+        statements: &[Statement],
+        step: Step,
+        limits: Limits,
+    ) -> Result<Option<Answer>, Error> {
+        let simple = |sql| async move {
+            let result = target.client.batch_execute(sql).await;
+            result.map_err(|e| Error::from_query(e, target.client.is_closed()))
+        };
+        match step {
+            Step::Begin => simple("BEGIN").await.map(|()| None),
+            Step::Commit => simple("COMMIT").await.map(|()| None),
+            Step::Item(i) => {
+                let item = &self.items[i];
+                let params = self.item_params(item);
+                exec::send(target, &statements[i], params, item.op, limits)
+                    .await
+                    .map(Some)
+            }
+        }
+    }
+
+    /// What the answers say happened.
+    fn outcome(
+        &self,
+        begin: Result<Option<Answer>, Error>,
+        items: Vec<Result<Option<Answer>, Error>>,
+        commit: Result<Option<Answer>, Error>,
+    ) -> Result<BatchResults, Error> {
+        // A server error in an item aborted the transaction: nothing was
+        // committed, whatever happened after.
+        let failed = items
+            .iter()
+            .position(|r| matches!(r, Err(e) if e.kind() == ErrorKind::Db));
+        if let Some(f) = failed {
+            let mut items = items;
+            let Err(cause) = std::mem::replace(&mut items[f], Ok(None)) else {
+                unreachable!("the failed item holds an error")
+            };
+            return Ok(self.abort(f, cause, true));
+        }
+        if let Err(e) = begin {
+            return Err(unknown(&e, "BEGIN"));
+        }
+        match commit {
+            Ok(_) => Ok(items
+                .into_iter()
+                .map(|result| match result {
+                    Ok(answer) => Ok(answer.expect("items answer")),
+                    // Over the result caps, but the statement succeeded.
+                    Err(e) if e.kind() == ErrorKind::TooLarge => Err(Error::new(
+                        ErrorKind::TooLarge,
+                        format!(
+                            "{}; the statement ran and the batch committed, only its \
+                             answer was dropped",
+                            e.detail()
+                        ),
+                    )),
+                    Err(e) => Err(e),
+                })
+                .collect()),
+            // Refused at commit: a serialization failure, a deferred
+            // constraint. Every item was rolled back.
+            Err(e) if e.kind() == ErrorKind::Db => Ok((0..items.len())
+                .map(|i| {
+                    Err(e.echo(
+                        ErrorKind::BatchAborted,
+                        format!("item {i} was rolled back: the atomic batch's COMMIT failed"),
+                    ))
+                })
+                .collect()),
+            Err(e) => Err(unknown(&e, "COMMIT")),
+        }
+    }
+
+    /// Item `f` failed: it reports its error, every other item that it was
+    /// rolled back, skipped, or (when nothing was `sent`) not run because
+    /// of it.
+    fn abort(&self, f: usize, cause: Error, sent: bool) -> BatchResults {
+        let mut results: BatchResults = (0..self.items.len())
+            .map(|i| {
+                let what = match (sent, i < f) {
+                    (false, _) => "not run",
+                    (true, true) => "rolled back",
+                    (true, false) => "skipped",
+                };
+                let when = if sent {
+                    ""
+                } else {
+                    " before anything was sent"
+                };
+                Err(cause.echo(
+                    ErrorKind::BatchAborted,
+                    format!("item {i} was {what}: item {f} of the atomic batch failed{when}"),
+                ))
+            })
+            .collect();
+        results[f] = Err(cause);
+        results
+    }
+}
+
+/// The connection failed before the batch's outcome was known.
+fn unknown(e: &Error, step: &str) -> Error {
+    e.echo(
+        e.kind(),
+        format!("the atomic batch's {step} was not answered; whether it committed is unknown"),
+    )
+}

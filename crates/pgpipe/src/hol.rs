@@ -1,0 +1,246 @@
+//! Head-of-line awareness: knowing which queries are slow, so that the
+//! router keeps them from holding up the fast ones.
+//!
+//! On a shared connection the server answers in order: a 20 ms query holds
+//! every query pipelined behind it for 20 ms. The router (see
+//! [`shared`](crate::shared)) avoids that with three signals:
+//!
+//! - **Learned slowness.** [`Costs`] keeps, per SQL text, the fastest
+//!   pipelined run of the last 5 to 10 s, and the fastest run of any
+//!   statement (the floor: one round trip plus whatever a pipeline queues).
+//!   A statement whose fastest run is `slow_query_threshold` above the floor
+//!   is habitually slow. The minimum, not a mean, because a fast query stuck
+//!   behind a slow one looks slow once, while a slow query never looks fast.
+//! - **The caller's word.** [`Pool::slow`] marks queries slow before they
+//!   were ever seen.
+//! - **Overdue connections.** A connection that owes answers and has read
+//!   none for the floor plus the threshold is stuck behind something slow
+//!   that was not known to be (see [`ConnState::progress`](crate::wire::ConnState)).
+//!
+//! Slow queries go to the connection with the fewest slow queries in
+//! flight; fast ones to connections with none and not overdue, opening
+//! another connection (up to `max_size`) when every open one is held up.
+//! Nothing is reordered or held back: when every connection is held up, a
+//! query still goes to the one with the least slow work, so slow queries
+//! keep their throughput.
+//!
+//! The table is lossy: 4096 slots by hash of the SQL text, no locks, no
+//! allocation. Two statements in one slot share the faster one's minimum,
+//! so a collision can hide a slow statement (the overdue signal remains),
+//! never make a fast one look slow.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::error::Error;
+use crate::exec::Op;
+use crate::executor;
+use crate::pool::Pool;
+
+const SLOTS: usize = 4096;
+/// No run seen in the window.
+const NONE: u32 = u32::MAX;
+
+/// Fastest recent runs, per SQL text (by hash slot) and overall.
+pub(crate) struct Costs {
+    current: Box<[AtomicU32]>,
+    previous: Box<[AtomicU32]>,
+    floor: [AtomicU32; 2],
+}
+
+/// Where a statement's runs are kept in [`Costs`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CostKey(usize);
+
+impl Default for Costs {
+    fn default() -> Costs {
+        let none = || (0..SLOTS).map(|_| AtomicU32::new(NONE)).collect();
+        Costs {
+            current: none(),
+            previous: none(),
+            floor: [AtomicU32::new(NONE), AtomicU32::new(NONE)],
+        }
+    }
+}
+
+impl Costs {
+    pub(crate) fn key(sql: &str) -> CostKey {
+        let mut hasher = std::hash::DefaultHasher::new();
+        sql.hash(&mut hasher);
+        CostKey(hasher.finish() as usize % SLOTS)
+    }
+
+    /// Whether the statement's fastest recent run is `threshold` above the
+    /// fastest run of any statement.
+    pub(crate) fn is_slow(&self, key: CostKey, threshold: Duration) -> bool {
+        let fastest = min_of(&self.current[key.0], &self.previous[key.0]);
+        if fastest == NONE {
+            return false;
+        }
+        let floor = u64::from(min_of(&self.floor[0], &self.floor[1]));
+        u64::from(fastest) >= floor.saturating_add(threshold.as_micros() as u64)
+    }
+
+    /// The fastest run of any statement, in the last 5 to 10 s.
+    pub(crate) fn floor(&self) -> Option<Duration> {
+        let floor = min_of(&self.floor[0], &self.floor[1]);
+        (floor != NONE).then(|| Duration::from_micros(u64::from(floor)))
+    }
+
+    /// Records one run, from admission onto a connection to its answer.
+    /// Writes only when the run is a new minimum: the hot path reads.
+    pub(crate) fn observe(&self, key: CostKey, took: Duration) {
+        let micros = took.as_micros().min(u128::from(NONE - 1)) as u32;
+        lower(&self.current[key.0], micros);
+        lower(&self.floor[0], micros);
+    }
+
+    /// Starts a new window; the previous one is kept, the one before it
+    /// forgotten. Called by the pool's housekeeping every 5 s.
+    pub(crate) fn rotate(&self) {
+        for (current, previous) in self.current.iter().zip(self.previous.iter()) {
+            previous.store(current.swap(NONE, Ordering::Relaxed), Ordering::Relaxed);
+        }
+        let floor = self.floor[0].swap(NONE, Ordering::Relaxed);
+        self.floor[1].store(floor, Ordering::Relaxed);
+    }
+}
+
+fn min_of(a: &AtomicU32, b: &AtomicU32) -> u32 {
+    a.load(Ordering::Relaxed).min(b.load(Ordering::Relaxed))
+}
+
+fn lower(slot: &AtomicU32, micros: u32) {
+    if micros < slot.load(Ordering::Relaxed) {
+        slot.fetch_min(micros, Ordering::Relaxed);
+    }
+}
+
+impl std::fmt::Debug for Costs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Costs")
+            .field("floor", &self.floor())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Queries the caller knows to be slow; see [`Pool::slow`].
+#[derive(Debug, Clone, Copy)]
+pub struct Slow<'a> {
+    pool: &'a Pool,
+}
+
+impl Pool {
+    /// Marks the queries run through the returned handle as slow (reports,
+    /// long aggregates): on the shared path they go to the connection with
+    /// the fewest slow queries in flight, and fast queries avoid connections
+    /// that carry one, so that they do not wait behind it in the pipeline.
+    ///
+    /// The pool also learns habitually slow statements by itself (see
+    /// [`PoolBuilder::slow_query_threshold`](crate::PoolBuilder::slow_query_threshold));
+    /// this is for queries it has not seen yet, or whose speed depends on
+    /// their parameters.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let report = pool
+    ///     .slow()
+    ///     .query("SELECT region, sum(amount) FROM orders GROUP BY region", &[])
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn slow(&self) -> Slow<'_> {
+        Slow { pool: self }
+    }
+}
+
+impl Slow<'_> {
+    /// As [`Pool::query`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query`].
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        let answer = self.pool.run(sql, params, Op::Query, true).await?;
+        Ok(answer.into_rows())
+    }
+
+    /// As [`Pool::query_one`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query_one`].
+    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
+        executor::exactly_one(self.query(sql, params).await?)
+    }
+
+    /// As [`Pool::query_opt`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query_opt`].
+    pub async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, Error> {
+        executor::at_most_one(self.query(sql, params).await?)
+    }
+
+    /// As [`Pool::execute`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::execute`].
+    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        let answer = self.pool.run(sql, params, Op::Execute, true).await?;
+        Ok(answer.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn a_statement_is_slow_when_its_fastest_run_is_far_above_the_floor() {
+        let costs = Costs::default();
+        let (fast, slow) = (Costs::key("SELECT 1"), Costs::key("SELECT pg_sleep(0.02)"));
+        assert!(!costs.is_slow(slow, 5 * MS), "unseen statements are fast");
+        costs.observe(fast, MS);
+        costs.observe(fast, 21 * MS); // stuck behind the slow one once
+        costs.observe(slow, 21 * MS);
+        costs.observe(slow, 40 * MS);
+        assert!(!costs.is_slow(fast, 5 * MS));
+        assert!(costs.is_slow(slow, 5 * MS));
+        assert!(!costs.is_slow(slow, 30 * MS));
+        assert_eq!(costs.floor(), Some(MS));
+    }
+
+    #[test]
+    fn what_is_learned_is_forgotten_after_two_windows() {
+        let costs = Costs::default();
+        let (fast, slow) = (Costs::key("SELECT 1"), Costs::key("SELECT pg_sleep(0.02)"));
+        costs.observe(fast, MS);
+        costs.observe(slow, 20 * MS);
+        costs.rotate();
+        assert!(
+            costs.is_slow(slow, 5 * MS),
+            "the previous window still counts"
+        );
+        costs.rotate();
+        assert!(!costs.is_slow(slow, 5 * MS));
+        assert_eq!(costs.floor(), None);
+    }
+}

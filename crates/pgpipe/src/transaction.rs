@@ -1,0 +1,169 @@
+//! [`Transaction`]: a transaction on an exclusive connection, with the
+//! connection's statement cache.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use tokio_postgres::Statement;
+use tokio_postgres::types::ToSql;
+
+use crate::connect::Peer;
+use crate::error::Error;
+use crate::exec::{self, Answer, Op, Prepare, Target};
+use crate::manager;
+use crate::pool::PoolInner;
+use crate::statement_cache::StatementCache;
+use crate::wire::ConnState;
+
+/// A transaction, from [`Connection::transaction`](crate::Connection::transaction).
+///
+/// It dereferences to a [`tokio_postgres::Transaction`], so everything
+/// tokio-postgres offers works inside it. Through [`Executor`](crate::Executor)
+/// its queries use the connection's statement cache (one round trip per
+/// query instead of two) and return pgpipe's [`Error`].
+///
+/// Dropped without [`commit`](Transaction::commit), it rolls back, as in
+/// tokio-postgres.
+///
+/// ```no_run
+/// use pgpipe::Executor;
+///
+/// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+/// let mut conn = pool.get().await?;
+/// let tx = conn.transaction().await?;
+/// tx.execute("UPDATE accounts SET balance = balance - 5 WHERE id = $1", &[&1i64])
+///     .await?;
+/// tx.execute("UPDATE accounts SET balance = balance + 5 WHERE id = $1", &[&2i64])
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Transaction<'a> {
+    inner: tokio_postgres::Transaction<'a>,
+    cache: &'a Arc<StatementCache>,
+    state: &'a ConnState,
+    peer: &'a Peer,
+    pool: &'a Arc<PoolInner>,
+}
+
+impl<'a> Transaction<'a> {
+    pub(crate) fn new(
+        inner: tokio_postgres::Transaction<'a>,
+        cache: &'a Arc<StatementCache>,
+        state: &'a ConnState,
+        peer: &'a Peer,
+        pool: &'a Arc<PoolInner>,
+    ) -> Transaction<'a> {
+        Transaction {
+            inner,
+            cache,
+            state,
+            peer,
+            pool,
+        }
+    }
+
+    /// Commits the transaction.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Db`](crate::ErrorKind::Db) when the server refuses the
+    /// commit (a serialization failure, a deferred constraint): nothing was
+    /// committed. [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost)
+    /// when the connection broke: whether it committed is unknown.
+    pub async fn commit(self) -> Result<(), Error> {
+        self.inner.commit().await.map_err(Error::from)
+    }
+
+    /// Rolls the transaction back.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost) when
+    /// the connection broke (the server rolls back by itself then).
+    pub async fn rollback(self) -> Result<(), Error> {
+        self.inner.rollback().await.map_err(Error::from)
+    }
+
+    /// Starts a nested transaction (a savepoint).
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::transaction`](crate::Connection::transaction).
+    pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
+        let inner = self.inner.transaction().await?;
+        Ok(Transaction::new(
+            inner, self.cache, self.state, self.peer, self.pool,
+        ))
+    }
+
+    /// Starts a nested transaction with a savepoint of the given name.
+    ///
+    /// # Errors
+    ///
+    /// As [`Connection::transaction`](crate::Connection::transaction).
+    pub async fn savepoint(&mut self, name: impl Into<String>) -> Result<Transaction<'_>, Error> {
+        let inner = self.inner.savepoint(name).await?;
+        Ok(Transaction::new(
+            inner, self.cache, self.state, self.peer, self.pool,
+        ))
+    }
+
+    /// Prepares `sql` through the connection's statement cache, as
+    /// [`Connection::prepare_cached`](crate::Connection::prepare_cached).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Db`](crate::ErrorKind::Db) when the server rejects the
+    /// SQL (which also aborts the transaction).
+    pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
+        exec::statement(self.target(), &Prepare::Inline, sql)
+            .await
+            .map(|(statement, _)| statement)
+    }
+
+    fn target(&self) -> Target<'_> {
+        Target {
+            client: self.inner.client(),
+            cache: self.cache,
+            state: self.state,
+            // A refused plan aborted the transaction: a retry would only
+            // fail again, with a less useful error.
+            heal: false,
+        }
+    }
+
+    pub(crate) async fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Answer, Error> {
+        let target = self.target();
+        let run = exec::run(target, Prepare::Inline, sql, params, op, self.pool.limits());
+        let cancel = || manager::cancel(self.peer, target.client);
+        self.pool.within_deadline(run, cancel).await
+    }
+}
+
+impl<'a> Deref for Transaction<'a> {
+    type Target = tokio_postgres::Transaction<'a>;
+
+    fn deref(&self) -> &tokio_postgres::Transaction<'a> {
+        &self.inner
+    }
+}
+
+impl<'a> DerefMut for Transaction<'a> {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Transaction<'a> {
+        &mut self.inner
+    }
+}
+
+impl fmt::Debug for Transaction<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction").finish_non_exhaustive()
+    }
+}
