@@ -156,10 +156,8 @@ async fn batches_from_many_tasks_never_cross() {
                     batch.query("SELECT $1::int8", &[v]);
                 }
                 let first: [&(dyn ToSql + Sync); 1] = [&values[0]];
-                let (results, single) = tokio::join!(
-                    batch.run(),
-                    pool.query_one("SELECT $1::int8 * 2", &first)
-                );
+                let (results, single) =
+                    tokio::join!(batch.run(), pool.query_one("SELECT $1::int8 * 2", &first));
                 assert_eq!(single.unwrap().get::<_, i64>(0), values[0] * 2);
                 let results = results.unwrap();
                 assert_eq!(results.len(), len);

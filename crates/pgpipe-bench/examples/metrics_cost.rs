@@ -11,7 +11,9 @@
 //!
 //! Then compare the two totals (`callgrind_annotate /tmp/cg.on | head`):
 //! their difference divided by the number of queries is the cost of the
-//! metrics per query. The server comes from `DATABASE_URL`.
+//! metrics per query. A third argument, `hol-off`, turns head-of-line
+//! awareness off, to count its cost the same way. The server comes from
+//! `DATABASE_URL`.
 
 use std::time::Instant;
 
@@ -20,11 +22,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let metrics = args.next().as_deref() == Some("on");
     let queries: i64 = args.next().map_or(Ok(20_000), |n| n.parse())?;
+    let hol = args.next().as_deref() != Some("hol-off");
     let registry = prometheus::Registry::new();
     let mut builder = pgpipe::Pool::builder()
         .url(&pgpipe_test_support::database_url())
         .max_size(1)
         .pipelining(true);
+    if !hol {
+        builder = builder.slow_query_threshold(None);
+    }
     if metrics {
         builder = builder.registry(&registry);
     }

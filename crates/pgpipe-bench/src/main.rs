@@ -47,13 +47,14 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --delays-us LIST   one-way delays in microseconds (0 = direct)
   --tasks LIST       concurrent tasks, e.g. 1,64,512
   --targets TEXT     only targets whose name contains TEXT
-  --rates LIST       open-loop rates (requests/s) for the echo workload
+  --rates LIST       open-loop rates (requests/s) for the echo and head-of-line workloads
   --out PATH         JSON lines (default bench-results/results.jsonl)
   --chart PATH       SVG chart (default bench-results/throughput.svg)
   --no-pgbench       skip the pgbench ceiling
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds
+  --slow-ms N|off    pgpipe: slow_query_threshold in milliseconds, or off
 ";
 
 /// What to run.
@@ -146,6 +147,12 @@ impl Plan {
                 "--chart" => plan.chart = PathBuf::from(value()?),
                 "--no-pgbench" => plan.pgbench = None,
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
+                "--slow-ms" => {
+                    plan.tuning.slow = Some(match value()?.as_str() {
+                        "off" => None,
+                        ms => Some(Duration::from_secs_f64(parse_one::<f64>(ms)? / 1000.0)),
+                    });
+                }
                 "--window-us" => {
                     plan.tuning.window = Some(Duration::from_micros(parse_one(&value()?)?));
                 }
@@ -285,7 +292,7 @@ async fn run(
                     }
                 }
             }
-            if workload == Workload::Echo {
+            if matches!(workload, Workload::Echo | Workload::HeadOfLine) {
                 for &rate in &plan.rates {
                     for round in 0..plan.rounds {
                         for &kind in &plan.targets {

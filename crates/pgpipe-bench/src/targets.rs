@@ -59,6 +59,8 @@ pub(crate) struct Tuning {
     pub(crate) depth: Option<usize>,
     pub(crate) routing: Option<pgpipe::Routing>,
     pub(crate) window: Option<std::time::Duration>,
+    /// `Some(None)` turns head-of-line awareness off.
+    pub(crate) slow: Option<Option<std::time::Duration>>,
 }
 
 /// A pool ready to run queries.
@@ -100,6 +102,9 @@ impl Target {
                 }
                 if let (Kind::PgpipeOn(_), Some(window)) = (kind, tuning.window) {
                     builder = builder.batch_window(window);
+                }
+                if let (Kind::PgpipeOn(_), Some(slow)) = (kind, tuning.slow) {
+                    builder = builder.slow_query_threshold(slow);
                 }
                 let registry = prometheus::Registry::new();
                 Target::Pgpipe(builder.registry(&registry).build()?, registry)

@@ -24,8 +24,8 @@
 //! query still goes to the one with the least slow work, so slow queries
 //! keep their throughput.
 //!
-//! The table is lossy: 4096 slots by hash of the SQL text, no locks, no
-//! allocation. Two statements in one slot share the faster one's minimum,
+//! The table is lossy: 4096 slots by (Fx)hash of the SQL text, no locks,
+//! no allocation. Two statements in one slot share the faster one's minimum,
 //! so a collision can hide a slow statement (the overdue signal remains),
 //! never make a fast one look slow.
 
@@ -69,7 +69,7 @@ impl Default for Costs {
 
 impl Costs {
     pub(crate) fn key(sql: &str) -> CostKey {
-        let mut hasher = std::hash::DefaultHasher::new();
+        let mut hasher = rustc_hash::FxHasher::default();
         sql.hash(&mut hasher);
         CostKey(hasher.finish() as usize % SLOTS)
     }
