@@ -7,7 +7,7 @@ use pgpipe_test_support::{admin, unique};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use crate::support::{Rng, app, builder, builder_via, proxy};
+use crate::support::{Rng, app, builder, builder_via, idle_in_transaction, proxy};
 
 fn pool(test: &str) -> Pool {
     builder(&app(test))
@@ -374,18 +374,11 @@ async fn pipelined_callers_never_land_inside_an_atomic_batch() {
     for reader in readers {
         reader.await.unwrap();
     }
-    // No connection was left in a transaction.
-    let idle_in_tx: i64 = admin()
-        .await
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-             AND state LIKE 'idle in transaction%'",
-            &[&app],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(idle_in_tx, 0);
+    assert_eq!(
+        idle_in_transaction(&app).await,
+        0,
+        "a transaction was left open"
+    );
     drop_table(&table).await;
 }
 

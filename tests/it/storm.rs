@@ -11,7 +11,7 @@ use std::time::Duration;
 use pgpipe_test_support::{admin, unique};
 use tokio_postgres::types::ToSql;
 
-use crate::support::{Rng, app, builder, settle};
+use crate::support::{Rng, app, builder, idle_in_transaction, settle};
 
 /// Polls a future at most `polls` times, then drops it wherever it is.
 struct Cancellable<F> {
@@ -141,16 +141,11 @@ async fn transactions_dropped_at_random_points_leave_nothing_open() {
         committed += handle.await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let open: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-             AND state LIKE 'idle in transaction%'",
-            &[&app],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(open, 0, "no transaction left open");
+    assert_eq!(
+        idle_in_transaction(&app).await,
+        0,
+        "no transaction left open"
+    );
     let rows: i64 = admin
         .query_one(&format!("SELECT count(*) FROM {table}"), &[])
         .await

@@ -142,3 +142,18 @@ pub(crate) async fn echo_load(pool: &Pool, tasks: i64, per_task: i64) {
         handle.await.unwrap();
     }
 }
+
+/// Backends of `app` sitting idle inside a transaction: none should be, once
+/// the pool is done with them.
+pub(crate) async fn idle_in_transaction(app: &str) -> i64 {
+    pgpipe_test_support::admin()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND state LIKE 'idle in transaction%'",
+            &[&app],
+        )
+        .await
+        .expect("pg_stat_activity answers")
+        .get(0)
+}

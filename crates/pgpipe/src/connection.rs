@@ -83,17 +83,10 @@ impl Connection {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        let (conn, pool) = (self.pg_conn(), &self.claim.pool);
-        let run = exec::run(
-            conn.target(),
-            Prepare::Inline,
-            sql,
-            params,
-            op,
-            pool.limits(),
-        );
-        // Alone on its connection: a cancel can only hit this query.
-        pool.within_deadline(run, || conn.cancel()).await
+        let conn = self.pg_conn();
+        let cancel = || conn.cancel();
+        let pool = &self.claim.pool;
+        pool.run_alone(conn.target(), cancel, sql, params, op).await
     }
 
     /// Prepares `sql` through the connection's statement cache: the first

@@ -7,7 +7,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::connection::Connection;
 use crate::error::Error;
-use crate::exec::Op;
+use crate::exec::{Answer, Op};
 use crate::hol::Slow;
 use crate::pool::Pool;
 use crate::transaction::Transaction;
@@ -114,35 +114,30 @@ impl Executor for Slow<'_> {
     }
 }
 
-#[async_trait]
-impl Executor for Connection {
-    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
-        self.run(sql, params, Op::Query)
-            .await
-            .map(|a| a.into_rows())
-    }
+/// Exclusive connections and transactions both run one query at a time
+/// through their own `run`.
+macro_rules! executor_by_run {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl Executor for $ty {
+            async fn query(
+                &self,
+                sql: &str,
+                params: &[&(dyn ToSql + Sync)],
+            ) -> Result<Vec<Row>, Error> {
+                self.run(sql, params, Op::Query).await.map(Answer::into_rows)
+            }
 
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        self.run(sql, params, Op::Execute)
-            .await
-            .map(|a| a.rows_affected())
-    }
+            async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+                self.run(sql, params, Op::Execute)
+                    .await
+                    .map(|a| a.rows_affected())
+            }
+        }
+    )*};
 }
 
-#[async_trait]
-impl Executor for Transaction<'_> {
-    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
-        self.run(sql, params, Op::Query)
-            .await
-            .map(|a| a.into_rows())
-    }
-
-    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        self.run(sql, params, Op::Execute)
-            .await
-            .map(|a| a.rows_affected())
-    }
-}
+executor_by_run!(Connection, Transaction<'_>);
 
 /// A reference runs queries as what it refers to, so `&pool` and `&tx` can
 /// be passed on by value too.

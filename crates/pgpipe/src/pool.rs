@@ -15,7 +15,7 @@ use crate::builder::PoolBuilder;
 use crate::config::PoolConfig;
 use crate::connection::{Connection, Owner};
 use crate::error::{Error, ErrorKind};
-use crate::exec::{self, Answer, Limits, Op, Prepare};
+use crate::exec::{self, Answer, Limits, Op, Prepare, Target};
 use crate::executor;
 use crate::hol::Costs;
 use crate::manager::Manager;
@@ -233,9 +233,10 @@ impl Pool {
             let conn = inner.checkout().await?;
             inner.waited(waiting);
             let conn = conn.pg_conn();
-            let run = exec::run(conn.target(), Prepare::Inline, sql, params, op, limits);
-            // Alone on its connection: a cancel can only hit this query.
-            return inner.within_deadline(run, || conn.cancel()).await;
+            let cancel = || conn.cancel();
+            return inner
+                .run_alone(conn.target(), cancel, sql, params, op)
+                .await;
         }
         // Head-of-line awareness: is this query known to be slow?
         let hol = inner.config.slow_query_threshold.map(|threshold| {
@@ -358,6 +359,21 @@ impl PoolInner {
             max_rows: self.config.max_result_rows,
             drain: false,
         }
+    }
+
+    /// Runs one query on a connection the caller has to itself (an
+    /// exclusive checkout, a transaction), within `query_timeout`; past it,
+    /// `cancel` is called, which can only hit this query.
+    pub(crate) async fn run_alone(
+        &self,
+        target: Target<'_>,
+        cancel: impl FnOnce(),
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Answer, Error> {
+        let run = exec::run(target, Prepare::Inline, sql, params, op, self.limits());
+        self.within_deadline(run, cancel).await
     }
 
     /// Runs `query` within `query_timeout`, calling `late` if it runs out.

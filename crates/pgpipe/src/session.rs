@@ -134,16 +134,8 @@ fn refusal(what: &str) -> Error {
     )
 }
 
-const REFUSED_FIRST_WORDS: &[&str] = &[
-    "begin",
-    "start",
-    "commit",
-    "end",
-    "rollback",
-    "abort",
-    "savepoint",
-    "release",
-    "prepare",
+/// First words of session statements, besides transaction control.
+const SESSION_FIRST_WORDS: &[&str] = &[
     "deallocate",
     "declare",
     "fetch",
@@ -175,7 +167,8 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
         })
         .collect();
     let first = *words.first()?;
-    if let Some(word) = REFUSED_FIRST_WORDS.iter().find(|w| is(first, w)) {
+    let mut refused_first = TRANSACTION_CONTROL.iter().chain(SESSION_FIRST_WORDS);
+    if let Some(word) = refused_first.find(|w| is(first, w)) {
         return Some(keyword_name(word));
     }
     if is(first, "set") && !words.get(1).is_some_and(|w| is(w, "local")) {

@@ -177,7 +177,9 @@ enum Route {
 /// How a connection ranks for one query, lower first: for a fast query,
 /// whether it is held up, then how many slow queries it carries; for a slow
 /// query, how many slow queries it carries, then whether it is overdue.
-/// Then its load (with [`Routing::Spread`]).
+/// Then its load (with [`Routing::Spread`]); or, between held-up
+/// connections, when each last made progress: the one stuck longest is
+/// likely the first to be free.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Rank {
     first: u64,
@@ -229,7 +231,11 @@ impl HeldUp<'_> {
             Rank {
                 first: u64::from(held),
                 second: slows,
-                load,
+                load: if held {
+                    conn.state().progress.load(Ordering::Relaxed)
+                } else {
+                    load
+                },
                 held,
             }
         }

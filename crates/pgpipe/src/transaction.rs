@@ -142,9 +142,8 @@ impl<'a> Transaction<'a> {
         op: Op,
     ) -> Result<Answer, Error> {
         let target = self.target();
-        let run = exec::run(target, Prepare::Inline, sql, params, op, self.pool.limits());
         let cancel = || manager::cancel(self.peer, target.client);
-        self.pool.within_deadline(run, cancel).await
+        self.pool.run_alone(target, cancel, sql, params, op).await
     }
 }
 
