@@ -3,7 +3,7 @@
 use pgpipe::ErrorKind;
 use tokio_postgres::error::SqlState;
 
-use crate::support::{app, builder};
+use crate::support::{app, assert_echoed, backend_pid, builder, spawn_echoes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_parameters_and_invalid_sql_are_clear_errors() {
@@ -61,20 +61,11 @@ async fn a_message_over_the_servers_limit_is_refused_before_it_is_sent() {
         .pipelining(true)
         .build()
         .unwrap();
-    let pid: i32 = pool
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let pid = backend_pid(&pool).await;
     // Over 1 GiB − 1: the server would drop the connection, and every query
     // pipelined on it with it.
     let huge = "x".repeat((1 << 30) + 16);
-    let neighbours: Vec<_> = (0..20i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
+    let neighbours = spawn_echoes(&pool, 0..20i64);
     let e = pool
         .query("SELECT length($1::text)", &[&huge])
         .await
@@ -82,14 +73,8 @@ async fn a_message_over_the_servers_limit_is_refused_before_it_is_sent() {
     assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
     assert!(e.to_string().contains("nothing was sent"), "{e}");
     drop(huge);
-    for (i, query) in neighbours.into_iter().enumerate() {
-        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
-    }
-    let same: i32 = pool
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    assert_echoed(neighbours).await;
+    let same = backend_pid(&pool).await;
     assert_eq!(same, pid, "the connection survived");
 }
 
@@ -103,17 +88,8 @@ async fn results_over_the_cap_fail_alone() {
         .max_result_rows(2000)
         .build()
         .unwrap();
-    let pid: i32 = pool
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let neighbours: Vec<_> = (0..20i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
+    let pid = backend_pid(&pool).await;
+    let neighbours = spawn_echoes(&pool, 0..20i64);
     let e = pool
         .query(
             "SELECT repeat('x', 1000) FROM generate_series(1, 5000)",
@@ -129,20 +105,14 @@ async fn results_over_the_cap_fail_alone() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
     assert!(e.to_string().contains("max_result_rows (2000)"), "{e}");
-    for (i, query) in neighbours.into_iter().enumerate() {
-        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
-    }
+    assert_echoed(neighbours).await;
     // The rest of the big answers was read and thrown away: in step.
     let rows = pool
         .query("SELECT generate_series(1, 1000)", &[])
         .await
         .unwrap();
     assert_eq!(rows.len(), 1000);
-    let same: i32 = pool
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let same = backend_pid(&pool).await;
     assert_eq!(same, pid, "the connection survived");
 }
 

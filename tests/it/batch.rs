@@ -387,7 +387,8 @@ async fn a_failed_or_abandoned_atomic_batch_never_leaves_its_connection_in_a_tra
     let table = table("id int8").await;
     // One connection: whatever the batches leave behind, the next user
     // finds.
-    let pool = builder(&app("batch_leftover"))
+    let app = app("batch_leftover");
+    let pool = builder(&app)
         .max_size(1)
         .pipelining(true)
         .max_exclusive(1)
@@ -408,6 +409,18 @@ async fn a_failed_or_abandoned_atomic_batch_never_leaves_its_connection_in_a_tra
             let results = batch.run().await.unwrap();
             assert_eq!(results.iter().all(|r| r.is_ok()), n % 2 == 1);
         }
+        // Seen from outside, before the pool touches the connection again
+        // (sharing it would reset the session and hide a leftover): once the
+        // server has worked through what was sent, no transaction is open.
+        let mut open = idle_in_transaction(&app).await;
+        for _ in 0..100 {
+            if open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            open = idle_in_transaction(&app).await;
+        }
+        assert_eq!(open, 0, "the batch left its transaction open");
         let row = pool
             .query_one("SELECT pg_current_xact_id_if_assigned() IS NULL", &[])
             .await

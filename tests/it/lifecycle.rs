@@ -9,7 +9,7 @@ use pgpipe::ErrorKind;
 use pgpipe_test_support::{admin, backend_pids};
 use prometheus::Registry;
 
-use crate::support::{Scrape, app, builder};
+use crate::support::{Scrape, app, builder, spawn_echoes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_lifetime_drains_connections_without_failing_a_query() {
@@ -73,12 +73,7 @@ async fn idle_connections_close_after_idle_timeout() {
         .registry(&registry)
         .build()
         .unwrap();
-    let queries: Vec<_> = (0..100i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
+    let queries = spawn_echoes(&pool, 0..100i64);
     for query in queries {
         query.await.unwrap().unwrap();
     }

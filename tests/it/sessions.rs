@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pgpipe::ErrorKind;
 use pgpipe_test_support::{admin, unique};
 
-use crate::support::{app, builder};
+use crate::support::{app, backend_pid, builder};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_is_invisible_to_pipelined_queries() {
@@ -59,11 +59,7 @@ async fn a_dirty_exclusive_connection_is_clean_when_shared_again() {
         .pipelining(true)
         .build()
         .unwrap();
-    let backend: i32 = pool
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let backend = backend_pid(&pool).await;
     {
         let conn = pool.get().await.unwrap();
         conn.batch_execute(

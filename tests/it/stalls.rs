@@ -7,7 +7,7 @@ use pgpipe::ErrorKind;
 use pgpipe_test_support::{admin, backend_pids};
 use prometheus::Registry;
 
-use crate::support::{Scrape, app, builder, builder_via, proxy, settle};
+use crate::support::{Scrape, app, builder, builder_via, proxy, settle, spawn_echoes};
 
 fn closed(scrape: &Scrape, reason: &str) -> f64 {
     scrape.value("pgpipe_connections_closed_total", &[("reason", reason)])
@@ -29,12 +29,7 @@ async fn a_stalled_network_ends_in_timeouts_and_a_killed_connection() {
     pool.query_one("SELECT 1", &[]).await.unwrap();
     proxy.stall();
     let start = Instant::now();
-    let stuck: Vec<_> = (0..20i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
+    let stuck = spawn_echoes(&pool, 0..20i64);
     for query in stuck {
         let e = tokio::time::timeout(Duration::from_secs(5), query)
             .await
@@ -108,12 +103,7 @@ async fn a_stopped_backend_is_detected_and_abandoned() {
     let pid = backend_pids(&admin, &app).await[0];
     let stopped = Stopped::stop(pid);
     let start = Instant::now();
-    let stuck: Vec<_> = (0..10i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
+    let stuck = spawn_echoes(&pool, 0..10i64);
     for query in stuck {
         let e = tokio::time::timeout(Duration::from_secs(5), query)
             .await
@@ -169,12 +159,7 @@ async fn a_connection_cut_mid_result_fails_every_query_on_it() {
             })
         };
         tokio::time::sleep(Duration::from_millis(2)).await;
-        let small: Vec<_> = (0..20i64)
-            .map(|i| {
-                let pool = pool.clone();
-                tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-            })
-            .collect();
+        let small = spawn_echoes(&pool, 0..20i64);
         if !reset {
             proxy.cut();
         }

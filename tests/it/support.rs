@@ -157,3 +157,34 @@ pub(crate) async fn idle_in_transaction(app: &str) -> i64 {
         .expect("pg_stat_activity answers")
         .get(0)
 }
+
+/// `SELECT $1::int8` for every id in `ids`, each in a task of its own, all
+/// in flight at once.
+pub(crate) fn spawn_echoes(
+    pool: &Pool,
+    ids: std::ops::Range<i64>,
+) -> Vec<tokio::task::JoinHandle<Result<tokio_postgres::Row, pgpipe::Error>>> {
+    ids.map(|i| {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
+    })
+    .collect()
+}
+
+/// Waits for echoes from [`spawn_echoes`] over `0..n`: each succeeded, and
+/// each answer is its own caller's.
+pub(crate) async fn assert_echoed(
+    queries: Vec<tokio::task::JoinHandle<Result<tokio_postgres::Row, pgpipe::Error>>>,
+) {
+    for (i, query) in queries.into_iter().enumerate() {
+        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
+    }
+}
+
+/// The server process behind the connection `pool`'s next query uses.
+pub(crate) async fn backend_pid(pool: &Pool) -> i32 {
+    pool.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("pg_backend_pid() answers")
+        .get(0)
+}

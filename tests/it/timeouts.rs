@@ -7,7 +7,7 @@ use pgpipe::ErrorKind;
 use pgpipe_test_support::{admin, backend_pids};
 use tokio_postgres::error::SqlState;
 
-use crate::support::{Rng, app, builder};
+use crate::support::{Rng, app, builder, spawn_echoes};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_query_alone_on_its_connection_is_cancelled_on_the_server() {
@@ -113,12 +113,7 @@ async fn statement_timeout_fails_only_its_query() {
         tokio::spawn(async move { pool.query("SELECT pg_sleep(2)", &[]).await })
     };
     tokio::task::yield_now().await;
-    let neighbours: Vec<_> = (0..10i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
+    let neighbours = spawn_echoes(&pool, 0..10i64);
     let e = slow.await.unwrap().unwrap_err();
     assert_eq!(e.code(), Some(&SqlState::QUERY_CANCELED), "{e}");
     assert_eq!(e.kind(), ErrorKind::Db);

@@ -12,7 +12,7 @@ use pgpipe_test_support::Cluster;
 use prometheus::Registry;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 
-use crate::support::Scrape;
+use crate::support::{Scrape, assert_echoed, spawn_echoes};
 
 /// A certificate authority, and a server certificate it signed for
 /// `localhost` only.
@@ -94,15 +94,8 @@ async fn tls_works_and_checks_the_authority_and_the_host_name() {
         .registry(&registry)
         .build()
         .unwrap();
-    let queries: Vec<_> = (0..200i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
-    for (i, query) in queries.into_iter().enumerate() {
-        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
-    }
+    let queries = spawn_echoes(&pool, 0..200i64);
+    assert_echoed(queries).await;
     let encrypted: bool = pool
         .query_one(
             "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
@@ -169,15 +162,8 @@ async fn prefer_falls_back_to_plaintext_and_is_still_observed() {
         .registry(&registry)
         .build()
         .unwrap();
-    let queries: Vec<_> = (0..100i64)
-        .map(|i| {
-            let pool = pool.clone();
-            tokio::spawn(async move { pool.query_one("SELECT $1::int8", &[&i]).await })
-        })
-        .collect();
-    for (i, query) in queries.into_iter().enumerate() {
-        assert_eq!(query.await.unwrap().unwrap().get::<_, i64>(0), i as i64);
-    }
+    let queries = spawn_echoes(&pool, 0..100i64);
+    assert_echoed(queries).await;
     let scrape = Scrape::of(&registry);
     assert!(scrape.histogram_count("pgpipe_pipeline_batch_size") > 0);
     assert!(
