@@ -6,9 +6,9 @@ use std::time::Duration;
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::config::{PoolConfig, Routing};
+use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
 use crate::pool::{Pool, Setup};
-use crate::tls::Tls;
 
 /// Builds a [`Pool`]; start with [`Pool::builder`].
 ///

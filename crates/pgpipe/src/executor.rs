@@ -5,12 +5,11 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::connection::Connection;
+use crate::answer::{Answer, Op};
 use crate::error::Error;
-use crate::exec::{Answer, Op};
-use crate::hol::Slow;
+use crate::exclusive::{Connection, Transaction};
 use crate::pool::Pool;
-use crate::transaction::Transaction;
+use crate::slow::Slow;
 
 /// Runs queries: implemented by [`Pool`] (pipelined, with pipelining on),
 /// [`Connection`] (an exclusive checkout), [`Transaction`] and [`Slow`].

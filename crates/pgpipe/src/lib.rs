@@ -1,39 +1,55 @@
 #![doc = include_str!("../../../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+// Layout. One pipelined `pool.query` goes pool → query → shared (router)
+// → conn (run on one connection) → protocol (the tap on its socket) and
+// back; `docs/ARCHITECTURE.md` walks it file by file.
+//
+// pool         `Pool`, the public API: every method a short delegate.
+// query        one query end to end: guard, route or check out, window,
+//              run, deadline, retry of unsent, learned cost, metrics.
+// batch        `Batch`: isolated (pipelined) and atomic batches.
+// shared       the pipelined path: `Router` owns the shared connections,
+//              admission, the wait queue, routing, opens, costs.
+// exclusive    `Pool::get`: `Exclusive` owns permits, claims, deadlocks;
+//              `Connection` and `Transaction`.
+// conn         one connection, knowing nothing above it: `PgConn`, the
+//              load word, deadpool manager, step-aside, run one query,
+//              statement cache, connect, TLS.
+// protocol     bytes and SQL: framer, socket tap, RTT filter, SQL guard.
+// metrics      event handles, and the scrape-time collector.
+// housekeeping the 100 ms tick: clock, watchdog, lifetimes, idle.
+// answer, executor, slow, builder, config, error, status, sync: one
+//              concept each, as named.
+
+mod answer;
 mod batch;
 mod builder;
 mod config;
-mod connect;
-mod connection;
+mod conn;
 mod error;
-mod exec;
+mod exclusive;
 mod executor;
-mod gate;
-mod hol;
-mod manager;
+mod housekeeping;
 mod metrics;
 mod pool;
-mod queue;
-mod session;
+mod protocol;
+mod query;
 mod shared;
-mod statement_cache;
+mod slow;
 mod status;
-mod tls;
-mod transaction;
-mod wire;
+mod sync;
 
+pub use answer::Answer;
 pub use batch::{Batch, BatchResults};
 pub use builder::PoolBuilder;
 pub use config::{PoolConfig, Routing};
-pub use connection::Connection;
 pub use error::{Error, ErrorKind};
-pub use exec::Answer;
+pub use exclusive::{Connection, Transaction};
 pub use executor::Executor;
-pub use hol::Slow;
 pub use pool::Pool;
+pub use slow::Slow;
 pub use status::Status;
-pub use transaction::Transaction;
 
 /// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
 /// match the ones pgpipe was built with.

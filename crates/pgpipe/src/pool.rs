@@ -1,39 +1,31 @@
-//! [`Pool`]: the public face of the crate.
+//! [`Pool`]: the public face of the crate. Every public method is a short
+//! delegate: one query lives in [`query`](crate::query), the shared path in
+//! [`shared`](crate::shared), checkouts in [`exclusive`](crate::exclusive),
+//! batches in [`batch`](crate::batch).
 
 use std::fmt;
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use deadpool::Runtime;
-use tokio::sync::Semaphore;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
+use crate::answer::{Answer, Op};
+use crate::batch::Batch;
 use crate::builder::PoolBuilder;
 use crate::config::PoolConfig;
-use crate::connection::{Connection, Owner};
-use crate::error::{Error, ErrorKind};
-use crate::exec::{self, Answer, Limits, Op, Prepare, Target};
-use crate::executor;
-use crate::hol::Costs;
-use crate::manager::Manager;
-use crate::metrics::{self, Metrics, Mode};
-use crate::session;
-use crate::shared::SharedConn;
-use crate::shared::SharedSet;
+use crate::conn::run::{Limits, RunSettings};
+use crate::conn::tls::Tls;
+use crate::conn::{Manager, PoolWire};
+use crate::error::Error;
+use crate::exclusive::{Connection, Exclusive};
+use crate::metrics::{self, Metrics, Mode, Snapshot};
+use crate::shared::Router;
+use crate::slow::Slow;
 use crate::status::Status;
-use crate::tls::Tls;
-use crate::wire::PoolWire;
-
-/// How often the pool's housekeeping runs, and so the tick of its clock.
-const TICK: Duration = Duration::from_millis(100);
-/// A shared connection with nothing in flight for this many ticks goes back
-/// to the idle pool.
-const SHARED_IDLE_TICKS: u64 = 10;
-/// The round-trip estimate's window, in ticks.
-const RTT_WINDOW_TICKS: u64 = 50;
+use crate::{executor, housekeeping, query};
 
 /// A pool of PostgreSQL connections whose queries, with
 /// [`pipelining`](PoolBuilder::pipelining) on, share connections and are
@@ -43,29 +35,24 @@ const RTT_WINDOW_TICKS: u64 = 50;
 /// what may run on the shared path and what needs [`get`](Pool::get).
 #[derive(Clone)]
 pub struct Pool {
-    pub(crate) inner: Arc<PoolInner>,
+    inner: Arc<PoolInner>,
 }
 
+/// The pool's parts. Each owns its state; this struct only holds them
+/// together.
 pub(crate) struct PoolInner {
-    pub(crate) config: PoolConfig,
-    pub(crate) pg: deadpool::managed::Pool<Manager>,
-    pub(crate) shared: SharedSet,
-    /// Places for exclusive checkouts (`max_exclusive`).
-    pub(crate) exclusive: Arc<Semaphore>,
-    /// The tasks holding those places.
-    pub(crate) claims: Mutex<Vec<Owner>>,
-    pub(crate) exclusive_claims: AtomicUsize,
-    pub(crate) exclusive_waiting: AtomicUsize,
-    closed: AtomicBool,
-    housekeeping: AtomicBool,
-    /// What the connections' socket taps report.
-    pub(crate) wire: Arc<PoolWire>,
+    config: PoolConfig,
+    pg: deadpool::managed::Pool<Manager>,
+    /// The shared (pipelined) path.
+    router: Arc<Router>,
+    /// Exclusive checkouts.
+    exclusive: Exclusive,
+    /// What the connections' socket taps report, and the pool's clock.
+    wire: Arc<PoolWire>,
     /// Metric handles, when a registry was given.
-    pub(crate) metrics: Option<Arc<Metrics>>,
-    /// Most pipelined queries in flight at once since the last scrape.
-    pub(crate) depth_high: AtomicU64,
-    /// How long statements take, for head-of-line-aware routing.
-    pub(crate) costs: Costs,
+    metrics: Option<Arc<Metrics>>,
+    /// Whether the housekeeping task was started.
+    housekeeping: AtomicBool,
 }
 
 /// What [`Pool::new`] needs besides the settings.
@@ -106,23 +93,33 @@ impl Pool {
             .runtime(Runtime::Tokio1)
             .build()
             .expect("a runtime is set, so deadpool's build cannot fail");
+        let exclusive = Exclusive::new(
+            pg.clone(),
+            config.exclusive_limit(),
+            config.wait_timeout,
+            config.pipelining,
+            run_settings(&config),
+        );
+        let router = Arc::new(Router::new(
+            config.clone(),
+            pg.clone(),
+            Arc::clone(&wire),
+            metrics.clone(),
+            Arc::clone(exclusive.claims()),
+        ));
         let inner = Arc::new(PoolInner {
-            exclusive: Arc::new(Semaphore::new(config.exclusive_limit())),
             config,
             pg,
-            shared: SharedSet::default(),
-            claims: Mutex::new(Vec::new()),
-            exclusive_claims: AtomicUsize::new(0),
-            exclusive_waiting: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
-            housekeeping: AtomicBool::new(false),
+            router,
+            exclusive,
             wire,
             metrics,
-            depth_high: AtomicU64::new(0),
-            costs: Costs::default(),
+            housekeeping: AtomicBool::new(false),
         });
         if let (Some(registry), Some(metrics)) = (&setup.registry, &inner.metrics) {
-            metrics::register(registry, Arc::downgrade(&inner), metrics, &setup.name)?;
+            let pool = Arc::downgrade(&inner);
+            let snapshot = Box::new(move || pool.upgrade().map(|pool| pool.snapshot()));
+            metrics::register(registry, snapshot, metrics, &setup.name)?;
         }
         Ok(Pool { inner })
     }
@@ -149,9 +146,8 @@ impl Pool {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        self.run(sql, params, Op::Query, false)
-            .await
-            .map(Answer::into_rows)
+        let answer = self.run(sql, params, Op::Query, false).await?;
+        Ok(answer.into_rows())
     }
 
     /// Runs a query that must return exactly one row.
@@ -184,105 +180,43 @@ impl Pool {
     ///
     /// As [`query`](Pool::query).
     pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        self.run(sql, params, Op::Execute, false)
-            .await
-            .map(|a| a.rows_affected())
+        let answer = self.run(sql, params, Op::Execute, false).await?;
+        Ok(answer.rows_affected())
     }
 
-    /// Runs one query; `slow` is the caller's word that it is slow.
-    pub(crate) async fn run(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-        slow: bool,
-    ) -> Result<Answer, Error> {
-        let inner = &self.inner;
-        let Some(metrics) = &inner.metrics else {
-            return self.run_unobserved(sql, params, op, slow, None).await;
-        };
-        let mode = if inner.config.pipelining {
-            Mode::Pipelined
-        } else {
-            Mode::Exclusive
-        };
-        let start = Instant::now();
-        let result = self
-            .run_unobserved(sql, params, op, slow, Some(start))
-            .await;
-        metrics.query(mode, start.elapsed(), result.as_ref().map(drop));
-        result
+    /// Marks the queries run through the returned handle as slow (reports,
+    /// long aggregates): on the shared path they go to the connection with
+    /// the fewest slow queries in flight, and fast queries avoid connections
+    /// that carry one, so that they do not wait behind it in the pipeline.
+    ///
+    /// The pool also learns habitually slow statements by itself (see
+    /// [`PoolBuilder::slow_query_threshold`](crate::PoolBuilder::slow_query_threshold));
+    /// this is for queries it has not seen yet, or whose speed depends on
+    /// their parameters.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let report = pool
+    ///     .slow()
+    ///     .query("SELECT region, sum(amount) FROM orders GROUP BY region", &[])
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn slow(&self) -> Slow<'_> {
+        Slow::new(self)
     }
 
-    async fn run_unobserved(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-        slow: bool,
-        waiting: Option<Instant>,
-    ) -> Result<Answer, Error> {
-        session::check(sql)?;
-        let inner = &self.inner;
-        if inner.is_closed() {
-            return Err(Error::closed());
-        }
-        inner.start_housekeeping();
-        let limits = inner.limits();
-        if !inner.config.pipelining {
-            let conn = inner.checkout().await?;
-            inner.waited(waiting);
-            let conn = conn.pg_conn();
-            let cancel = || conn.cancel();
-            return inner
-                .run_alone(conn.target(), cancel, sql, params, op)
-                .await;
-        }
-        // Head-of-line awareness: is this query known to be slow?
-        let hol = inner.config.slow_query_threshold.map(|threshold| {
-            let key = Costs::key(sql);
-            (key, slow || inner.costs.is_slow(key, threshold))
-        });
-        let slow = hol.is_some_and(|(_, slow)| slow);
-        // A query that never left the client (its connection died first)
-        // is run on another connection; once sent, never again.
-        let mut attempts = 0;
-        loop {
-            let slot = inner.reserve(slow).await?;
-            let admitted = hol.map(|_| Instant::now());
-            if attempts == 0 {
-                inner.waited(waiting);
-            }
-            let window = inner.config.batch_window;
-            if slot.ahead > 0 && !window.is_zero() {
-                let held = Instant::now();
-                slot.conn.gate.pass(window, inner.config.max_batch).await;
-                if let Some(metrics) = &inner.metrics {
-                    metrics.flush_wait.observe(held.elapsed().as_secs_f64());
-                }
-            }
-            let conn = &slot.conn;
-            let target = conn.conn().target();
-            let run = exec::run(target, Prepare::Spawned(conn), sql, params, op, limits);
-            let result = inner
-                .within_deadline(run, || inner.late_on_shared(conn))
-                .await;
-            if let (Some((key, _)), Some(admitted), Ok(_)) = (hol, admitted, &result) {
-                inner.costs.observe(key, admitted.elapsed());
-            }
-            if let Err(e) = &result {
-                if e.kind() == ErrorKind::ConnectionLost {
-                    // The connection is going (a FATAL error arrives before
-                    // the socket closes): hand no freed place on it to a
-                    // waiting query, which would be lost with it.
-                    inner.retire(conn);
-                }
-            }
-            match result {
-                Err(e) if e.is_unsent() && attempts < 2 => attempts += 1,
-                result => return result,
-            }
-        }
+    /// Starts an isolated batch: each item succeeds or fails alone. See
+    /// [`Batch`].
+    pub fn batch(&self) -> Batch<'_> {
+        Batch::new(self, false)
+    }
+
+    /// Starts an atomic batch: all items in one transaction, committed only
+    /// if every one succeeds. See [`Batch`].
+    pub fn atomic_batch(&self) -> Batch<'_> {
+        Batch::new(self, true)
     }
 
     /// Checks out an exclusive connection: for transactions, session
@@ -301,7 +235,6 @@ impl Pool {
     /// [`ErrorKind::Closed`](crate::ErrorKind::Closed),
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect).
     pub async fn get(&self) -> Result<Connection, Error> {
-        self.inner.start_housekeeping();
         let waiting = self.inner.metrics.as_ref().map(|_| Instant::now());
         let conn = self.inner.checkout().await?;
         self.inner.waited(waiting);
@@ -319,91 +252,97 @@ impl Pool {
     /// close when they do.
     pub fn close(&self) {
         let inner = &self.inner;
-        inner.closed.store(true, Ordering::Release);
+        inner.router.close();
         inner.exclusive.close();
         inner.pg.close();
-        inner.retire_all();
-        inner.shared.queue.fail_all(Error::closed);
     }
 
     /// True after [`close`](Pool::close).
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
     }
+
+    /// Runs one query; `slow` is the caller's word that it is slow.
+    pub(crate) async fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+        slow: bool,
+    ) -> Result<Answer, Error> {
+        query::run(&self.inner, sql, params, op, slow).await
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<PoolInner> {
+        &self.inner
+    }
 }
 
 impl PoolInner {
+    pub(crate) fn config(&self) -> &PoolConfig {
+        &self.config
+    }
+
+    pub(crate) fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    pub(crate) fn wire(&self) -> &PoolWire {
+        &self.wire
+    }
+
+    pub(crate) fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_deref()
+    }
+
+    /// How one query runs: its answer's caps and its deadline.
+    pub(crate) fn run_settings(&self) -> RunSettings {
+        run_settings(&self.config)
+    }
+
+    /// How a query or batch is run, for the metrics.
+    pub(crate) fn mode(&self) -> Mode {
+        if self.config.pipelining {
+            Mode::Pipelined
+        } else {
+            Mode::Exclusive
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.router.is_closed()
+    }
+
+    /// Checks out an exclusive connection; see [`Pool::get`].
+    pub(crate) async fn checkout(self: &Arc<Self>) -> Result<Connection, Error> {
+        housekeeping::start(self);
+        self.exclusive.checkout(&self.router).await
+    }
+
     pub(crate) fn status(&self) -> Status {
         let pg = self.pg.status();
-        let (shared, in_flight) = self.shared_counts();
-        let exclusive_waiting = self.exclusive_waiting.load(Ordering::Acquire);
-        let exclusive = self
-            .exclusive_claims
-            .load(Ordering::Acquire)
-            .saturating_sub(exclusive_waiting);
+        let shared = self.router.counts();
         Status {
             max_size: self.config.max_size,
             size: pg.size,
             idle: pg.available,
-            shared,
-            exclusive,
-            in_flight,
-            waiting: self.shared.queue.len(),
-            exclusive_waiting,
+            shared: shared.conns,
+            exclusive: self.exclusive.held(),
+            in_flight: shared.in_flight,
+            waiting: shared.waiting,
+            exclusive_waiting: self.exclusive.waiting(),
         }
     }
 
-    pub(crate) fn limits(&self) -> Limits {
-        Limits {
-            max_bytes: self.config.max_result_bytes,
-            max_rows: self.config.max_result_rows,
-            drain: false,
-        }
-    }
-
-    /// Runs one query on a connection the caller has to itself (an
-    /// exclusive checkout, a transaction), within `query_timeout`; past it,
-    /// `cancel` is called, which can only hit this query.
-    pub(crate) async fn run_alone(
-        &self,
-        target: Target<'_>,
-        cancel: impl FnOnce(),
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-    ) -> Result<Answer, Error> {
-        let run = exec::run(target, Prepare::Inline, sql, params, op, self.limits());
-        self.within_deadline(run, cancel).await
-    }
-
-    /// Runs `query` within `query_timeout`, calling `late` if it runs out.
-    pub(crate) async fn within_deadline<T>(
-        &self,
-        query: impl Future<Output = Result<T, Error>>,
-        late: impl FnOnce(),
-    ) -> Result<T, Error> {
-        let Some(deadline) = self.config.query_timeout else {
-            return query.await;
-        };
-        match tokio::time::timeout(deadline, query).await {
-            Ok(result) => result,
-            Err(_) => {
-                late();
-                Err(Error::timeout("the query to finish (query_timeout)"))
-            }
-        }
-    }
-
-    /// A query ran out of time on a shared connection. Whatever holds it up
-    /// would hold up new queries too: route no more work there. A cancel
-    /// request hits whatever the backend runs, so send one only if this
-    /// query is the only one in flight there; else let it finish, its
-    /// answer discarded (tokio-postgres reads past it).
-    pub(crate) fn late_on_shared(&self, conn: &Arc<SharedConn>) {
-        let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
-        self.retire(conn);
-        if alone {
-            conn.conn().cancel();
+    /// What the metrics collector reads at a scrape.
+    fn snapshot(&self) -> Snapshot {
+        let status = self.status();
+        Snapshot {
+            status,
+            wire_depth: self.router.counts().wire_depth,
+            depth_high: self.router.take_depth_high(status.in_flight as u64),
+            queue_capacity: self.config.queue_capacity,
+            rtt: self.wire.rtt.estimate(),
         }
     }
 
@@ -416,46 +355,22 @@ impl PoolInner {
         }
     }
 
-    pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
-    }
-
-    /// Starts the housekeeping task on first use (the builder may run
-    /// outside a runtime, so it cannot start it). It holds only a weak
-    /// reference and ends when the pool is dropped or closed.
-    pub(crate) fn start_housekeeping(self: &Arc<Self>) {
-        if self.housekeeping.load(Ordering::Relaxed)
-            || self.housekeeping.swap(true, Ordering::AcqRel)
-        {
-            return;
-        }
-        let pool = Arc::downgrade(self);
-        tokio::spawn(housekeeping(pool));
+    /// Whether the housekeeping task was started; sets it.
+    pub(crate) fn claim_housekeeping(&self) -> bool {
+        !(self.housekeeping.load(Ordering::Relaxed)
+            || self.housekeeping.swap(true, Ordering::AcqRel))
     }
 }
 
-async fn housekeeping(pool: Weak<PoolInner>) {
-    let mut interval = tokio::time::interval(TICK);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        let Some(pool) = pool.upgrade() else { return };
-        if pool.is_closed() {
-            return;
-        }
-        let tick = pool.wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        if tick % RTT_WINDOW_TICKS == 0 {
-            pool.wire.rtt.rotate();
-            pool.costs.rotate();
-        }
-        pool.watch_stalls(TICK);
-        pool.expire(TICK);
-        pool.prune();
-        pool.rebalance();
-        pool.retire_idle(SHARED_IDLE_TICKS);
-        // A safety net: waiters are normally admitted the moment room
-        // appears.
-        pool.dispatch();
+/// How one query runs, from the pool's settings.
+fn run_settings(config: &PoolConfig) -> RunSettings {
+    RunSettings {
+        limits: Limits {
+            max_bytes: config.max_result_bytes,
+            max_rows: config.max_result_rows,
+            drain: false,
+        },
+        query_timeout: config.query_timeout,
     }
 }
 

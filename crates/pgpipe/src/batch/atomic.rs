@@ -9,10 +9,14 @@
 
 use tokio_postgres::Statement;
 
-use super::{Batch, BatchResults, join_in_order, unanswered};
+use super::ordered::join_in_order;
+use super::{Batch, BatchResults};
+use crate::answer::Answer;
+use crate::conn::params;
+use crate::conn::run::{self, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
-use crate::exec::{self, Answer, Limits, Prepare, Target};
-use crate::session;
+use crate::housekeeping;
+use crate::protocol::sql_guard;
 
 /// One request of the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -24,11 +28,11 @@ enum Step {
 
 impl Batch<'_> {
     pub(super) async fn run_atomic(&self) -> Result<BatchResults, Error> {
-        let inner = &self.pool.inner;
+        let inner = self.pool.inner();
         // Refused before anything is sent, or a connection taken.
         for (i, item) in self.items.iter().enumerate() {
-            let refused =
-                exec::check_sql(item.sql).and_then(|()| session::check_in_atomic_batch(item.sql));
+            let refused = params::check_sql_size(item.sql)
+                .and_then(|()| sql_guard::check_in_atomic_batch(item.sql));
             if let Err(e) = refused {
                 return Ok(self.abort(i, e, false));
             }
@@ -36,12 +40,11 @@ impl Batch<'_> {
         if inner.is_closed() {
             return Err(Error::closed());
         }
-        inner.start_housekeeping();
+        housekeeping::start(inner);
         let conn = inner.checkout().await?;
-        let pg = conn.pg_conn();
         let target = Target {
             heal: false,
-            ..pg.target()
+            ..conn.pg_conn().target()
         };
         let statements = match self.prepare_all(target).await {
             Ok(statements) => statements,
@@ -51,35 +54,26 @@ impl Batch<'_> {
         // so that an error hidden behind it still shows.
         let limits = Limits {
             drain: true,
-            ..inner.limits()
+            ..inner.run_settings().limits
         };
         let steps: Vec<Step> = std::iter::once(Step::Begin)
             .chain((0..self.items.len()).map(Step::Item))
             .chain(std::iter::once(Step::Commit))
             .collect();
-        let mut answers = unanswered(steps.len());
         let sending = steps
             .iter()
             .map(|step| self.send(target, &statements, *step, limits))
             .collect();
-        let pipeline = async {
-            join_in_order(sending, |j, answer| answers[j] = Some(answer)).await;
-            Ok(())
-        };
-        if inner
-            .within_deadline(pipeline, || pg.cancel())
-            .await
-            .is_err()
-        {
+        let pipeline = async { Ok(join_in_order(sending).await) };
+        let deadline = inner.run_settings().query_timeout;
+        let Ok(answers) = run::within_deadline(deadline, pipeline, || target.cancel()).await else {
             return Err(Error::new(
                 ErrorKind::Timeout,
                 "the atomic batch ran past query_timeout and was cancelled; whether it \
                  committed is unknown",
             ));
-        }
-        let mut answers = answers
-            .into_iter()
-            .map(|a| a.expect("every step is answered"));
+        };
+        let mut answers = answers.into_iter();
         let begin = answers.next().expect("a BEGIN step");
         let commit = answers.next_back().expect("a COMMIT step");
         let items: Vec<Result<Option<Answer>, Error>> = answers.collect();
@@ -89,21 +83,19 @@ impl Batch<'_> {
     /// Every item's statement, prepared (pipelined, on a miss) and checked
     /// against its parameters; or the first item that cannot run.
     async fn prepare_all(&self, target: Target<'_>) -> Result<Vec<Statement>, (usize, Error)> {
-        let mut found = unanswered(self.items.len());
         let preparing = self
             .items
             .iter()
-            .map(|item| exec::statement(target, &Prepare::Inline, item.sql))
+            .map(|item| run::cached_statement(target, Prepare::Inline, item.sql))
             .collect();
-        join_in_order(preparing, |i, statement| found[i] = Some(statement)).await;
+        let found = join_in_order(preparing).await;
         let mut statements = Vec::with_capacity(self.items.len());
         for (i, (item, statement)) in self.items.iter().zip(found).enumerate() {
-            let statement = statement.expect("every statement is looked up");
             // Every value is encoded here, fixed-size ones too: an encoding
             // failure at send time would leave this item out of a
             // transaction that then commits.
             let checked = statement.and_then(|(statement, _)| {
-                exec::check(&statement, self.item_params(item), true).map(|()| statement)
+                params::check_params(&statement, self.item_params(item), true).map(|()| statement)
             });
             statements.push(checked.map_err(|e| (i, e))?);
         }
@@ -127,7 +119,7 @@ impl Batch<'_> {
             Step::Item(i) => {
                 let item = &self.items[i];
                 let params = self.item_params(item);
-                exec::send(target, &statements[i], params, item.op, limits)
+                run::send(target, &statements[i], params, item.op, limits)
                     .await
                     .map(Some)
             }

@@ -25,11 +25,12 @@ use tokio::net::UnixStream;
 use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::{Client, Config, NoTls};
 
-use crate::error::{Error, ErrorKind};
 #[cfg(feature = "rustls")]
-use crate::tls::Tapped;
-use crate::tls::Tls;
-use crate::wire::{ConnState, PoolWire, TappedStream};
+use super::tls::Tapped;
+use super::tls::Tls;
+use super::{ConnState, PoolWire};
+use crate::error::{Error, ErrorKind};
+use crate::protocol::tap::TappedStream;
 
 /// A TCP or Unix socket.
 #[derive(Debug)]
@@ -212,7 +213,7 @@ fn connect_error(message: &str) -> Error {
 
 /// Asks the server to cancel whatever `token`'s backend is running, over a
 /// new socket to `peer`. Best effort: the answer is never awaited.
-pub(crate) async fn cancel(peer: &Peer, token: &tokio_postgres::CancelToken) {
+pub(crate) async fn send_cancel_request(peer: &Peer, token: &tokio_postgres::CancelToken) {
     let _ = match peer {
         Peer::Tcp(addr) => match TcpStream::connect(addr).await {
             Ok(stream) => token.cancel_query_raw(stream, NoTls).await,

@@ -3,7 +3,7 @@
 //!
 //! On a shared connection the server answers in order: a 20 ms query holds
 //! every query pipelined behind it for 20 ms. The router (see
-//! [`shared`](crate::shared)) avoids that with three signals:
+//! [`route`](super::route)) avoids that with three signals:
 //!
 //! - **Learned slowness.** [`Costs`] keeps, per SQL text, the fastest
 //!   pipelined run of the last 5 to 10 s, and the fastest run of any
@@ -11,11 +11,11 @@
 //!   A statement whose fastest run is `slow_query_threshold` above the floor
 //!   is habitually slow. The minimum, not a mean, because a fast query stuck
 //!   behind a slow one looks slow once, while a slow query never looks fast.
-//! - **The caller's word.** [`Pool::slow`] marks queries slow before they
+//! - **The caller's word.** [`Pool::slow`](crate::Pool::slow) marks queries slow before they
 //!   were ever seen.
 //! - **Overdue connections.** A connection that owes answers and has read
 //!   none for the floor plus the threshold is stuck behind something slow
-//!   that was not known to be (see [`ConnState::progress`](crate::wire::ConnState)).
+//!   that was not known to be (see `ConnState::last_ready_nanos`).
 //!
 //! Slow queries go to the connection with the fewest slow queries in
 //! flight; fast ones to connections with none and not overdue, opening
@@ -24,8 +24,8 @@
 //! query still goes to the one with the least slow work, so slow queries
 //! keep their throughput.
 //!
-//! The table is lossy: 4096 slots by (Fx)hash of the SQL text, no locks,
-//! no allocation. Two statements in one slot share the faster one's minimum,
+//! The table is lossy: 4096 entries by (Fx)hash of the SQL text, no locks,
+//! no allocation. Two statements in one entry share the faster one's minimum,
 //! so a collision can hide a slow statement (the overdue signal remains),
 //! never make a fast one look slow.
 
@@ -33,15 +33,8 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
-
-use crate::error::Error;
-use crate::exec::Op;
-use crate::executor;
-use crate::pool::Pool;
-
-const SLOTS: usize = 4096;
+/// Entries in the table (a power of two: the hash is taken modulo it).
+const ENTRIES: usize = 4096;
 /// No run seen in the window.
 const NONE: u32 = u32::MAX;
 
@@ -58,7 +51,7 @@ pub(crate) struct CostKey(usize);
 
 impl Default for Costs {
     fn default() -> Costs {
-        let none = || (0..SLOTS).map(|_| AtomicU32::new(NONE)).collect();
+        let none = || (0..ENTRIES).map(|_| AtomicU32::new(NONE)).collect();
         Costs {
             current: none(),
             previous: none(),
@@ -71,7 +64,7 @@ impl Costs {
     pub(crate) fn key(sql: &str) -> CostKey {
         let mut hasher = rustc_hash::FxHasher::default();
         sql.hash(&mut hasher);
-        CostKey(hasher.finish() as usize % SLOTS)
+        CostKey(hasher.finish() as usize % ENTRIES)
     }
 
     /// Whether the statement's fastest recent run is `threshold` above the
@@ -125,85 +118,6 @@ impl std::fmt::Debug for Costs {
         f.debug_struct("Costs")
             .field("floor", &self.floor())
             .finish_non_exhaustive()
-    }
-}
-
-/// Queries the caller knows to be slow; see [`Pool::slow`].
-#[derive(Debug, Clone, Copy)]
-pub struct Slow<'a> {
-    pool: &'a Pool,
-}
-
-impl Pool {
-    /// Marks the queries run through the returned handle as slow (reports,
-    /// long aggregates): on the shared path they go to the connection with
-    /// the fewest slow queries in flight, and fast queries avoid connections
-    /// that carry one, so that they do not wait behind it in the pipeline.
-    ///
-    /// The pool also learns habitually slow statements by itself (see
-    /// [`PoolBuilder::slow_query_threshold`](crate::PoolBuilder::slow_query_threshold));
-    /// this is for queries it has not seen yet, or whose speed depends on
-    /// their parameters.
-    ///
-    /// ```no_run
-    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
-    /// let report = pool
-    ///     .slow()
-    ///     .query("SELECT region, sum(amount) FROM orders GROUP BY region", &[])
-    ///     .await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn slow(&self) -> Slow<'_> {
-        Slow { pool: self }
-    }
-}
-
-impl Slow<'_> {
-    /// As [`Pool::query`], marked slow.
-    ///
-    /// # Errors
-    ///
-    /// As [`Pool::query`].
-    pub async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>, Error> {
-        let answer = self.pool.run(sql, params, Op::Query, true).await?;
-        Ok(answer.into_rows())
-    }
-
-    /// As [`Pool::query_one`], marked slow.
-    ///
-    /// # Errors
-    ///
-    /// As [`Pool::query_one`].
-    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        executor::exactly_one(self.query(sql, params).await?)
-    }
-
-    /// As [`Pool::query_opt`], marked slow.
-    ///
-    /// # Errors
-    ///
-    /// As [`Pool::query_opt`].
-    pub async fn query_opt(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Option<Row>, Error> {
-        executor::at_most_one(self.query(sql, params).await?)
-    }
-
-    /// As [`Pool::execute`], marked slow.
-    ///
-    /// # Errors
-    ///
-    /// As [`Pool::execute`].
-    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        let answer = self.pool.run(sql, params, Op::Execute, true).await?;
-        Ok(answer.rows_affected())
     }
 }
 

@@ -13,9 +13,11 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::sync::lock;
+
 /// A batch window for one connection.
 #[derive(Debug, Default)]
-pub(crate) struct Gate {
+pub(super) struct Gate {
     state: Mutex<GateState>,
     /// Wakes every waiting follower when the leader opens the gate.
     opened: Notify,
@@ -31,12 +33,12 @@ struct GateState {
 
 impl Gate {
     /// Waits until this query's batch is released.
-    pub(crate) async fn pass(&self, window: Duration, max_batch: usize) {
+    pub(super) async fn pass(&self, window: Duration, max_batch: usize) {
         let opened = self.opened.notified();
         tokio::pin!(opened);
         // Decide under the lock, wait outside it.
         let role = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut state = lock(&self.state);
             if state.leader {
                 state.waiting += 1;
                 // Registered before the lock is released, so the leader's
@@ -68,7 +70,7 @@ impl Gate {
     }
 
     fn open(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock(&self.state);
         state.leader = false;
         state.waiting = 0;
         self.opened.notify_waiters();

@@ -29,6 +29,8 @@ use rustc_hash::FxHashMap;
 use tokio::sync::watch;
 use tokio_postgres::Statement;
 
+use crate::sync::{read_lock, write_lock};
+
 /// What a prepare produced, as handed to every task waiting for it.
 pub(crate) type Prepared = Result<Statement, Arc<tokio_postgres::Error>>;
 
@@ -84,12 +86,12 @@ impl StatementCache {
     pub(crate) fn lookup(self: &Arc<Self>, sql: &str) -> Lookup {
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         {
-            let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+            let entries = read_lock(&self.entries);
             if let Some(found) = entries.get(sql) {
                 return found.answer(now);
             }
         }
-        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        let mut entries = write_lock(&self.entries);
         if let Some(found) = entries.get(sql) {
             return found.answer(now);
         }
@@ -116,7 +118,7 @@ impl StatementCache {
     /// prepare is not cached: the next lookup tries again.
     pub(crate) fn complete(&self, mut ticket: Ticket, result: Prepared) -> u64 {
         {
-            let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+            let mut entries = write_lock(&self.entries);
             let ours =
                 matches!(entries.get(&ticket.sql), Some(e) if e.generation == ticket.generation);
             if ours {
@@ -142,7 +144,7 @@ impl StatementCache {
     /// Drops the entry for `sql` if it is still the one identified by
     /// `generation` (a concurrent task may already have replaced it).
     pub(crate) fn invalidate(&self, sql: &str, generation: u64) {
-        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        let mut entries = write_lock(&self.entries);
         if matches!(entries.get(sql), Some(e) if e.generation == generation) {
             entries.remove(sql);
         }
@@ -150,7 +152,7 @@ impl StatementCache {
 
     /// Number of cached (ready) statements.
     pub(crate) fn len(&self) -> usize {
-        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        let entries = read_lock(&self.entries);
         entries
             .values()
             .filter(|e| matches!(e.slot, Slot::Ready(_)))

@@ -8,13 +8,12 @@ use std::sync::Arc;
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
-use crate::connect::Peer;
+use crate::answer::{Answer, Op};
+use crate::conn::ConnState;
+use crate::conn::connect::Peer;
+use crate::conn::run::{self, Prepare, RunSettings, Target};
+use crate::conn::statement_cache::StatementCache;
 use crate::error::Error;
-use crate::exec::{self, Answer, Op, Prepare, Target};
-use crate::manager;
-use crate::pool::PoolInner;
-use crate::statement_cache::StatementCache;
-use crate::wire::ConnState;
 
 /// A transaction, from [`Connection::transaction`](crate::Connection::transaction).
 ///
@@ -45,7 +44,7 @@ pub struct Transaction<'a> {
     cache: &'a Arc<StatementCache>,
     state: &'a ConnState,
     peer: &'a Peer,
-    pool: &'a Arc<PoolInner>,
+    run: RunSettings,
 }
 
 impl<'a> Transaction<'a> {
@@ -54,14 +53,14 @@ impl<'a> Transaction<'a> {
         cache: &'a Arc<StatementCache>,
         state: &'a ConnState,
         peer: &'a Peer,
-        pool: &'a Arc<PoolInner>,
+        run: RunSettings,
     ) -> Transaction<'a> {
         Transaction {
             inner,
             cache,
             state,
             peer,
-            pool,
+            run,
         }
     }
 
@@ -95,7 +94,7 @@ impl<'a> Transaction<'a> {
     pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
         let inner = self.inner.transaction().await?;
         Ok(Transaction::new(
-            inner, self.cache, self.state, self.peer, self.pool,
+            inner, self.cache, self.state, self.peer, self.run,
         ))
     }
 
@@ -107,7 +106,7 @@ impl<'a> Transaction<'a> {
     pub async fn savepoint(&mut self, name: impl Into<String>) -> Result<Transaction<'_>, Error> {
         let inner = self.inner.savepoint(name).await?;
         Ok(Transaction::new(
-            inner, self.cache, self.state, self.peer, self.pool,
+            inner, self.cache, self.state, self.peer, self.run,
         ))
     }
 
@@ -119,7 +118,7 @@ impl<'a> Transaction<'a> {
     /// [`ErrorKind::Db`](crate::ErrorKind::Db) when the server rejects the
     /// SQL (which also aborts the transaction).
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
-        exec::statement(self.target(), &Prepare::Inline, sql)
+        run::cached_statement(self.target(), Prepare::Inline, sql)
             .await
             .map(|(statement, _)| statement)
     }
@@ -129,6 +128,7 @@ impl<'a> Transaction<'a> {
             client: self.inner.client(),
             cache: self.cache,
             state: self.state,
+            peer: self.peer,
             // A refused plan aborted the transaction: a retry would only
             // fail again, with a less useful error.
             heal: false,
@@ -141,9 +141,7 @@ impl<'a> Transaction<'a> {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        let target = self.target();
-        let cancel = || manager::cancel(self.peer, target.client);
-        self.pool.run_alone(target, cancel, sql, params, op).await
+        run::run_alone(self.target(), sql, params, op, self.run).await
     }
 }
 

@@ -1,0 +1,192 @@
+//! Isolated batches: the items go out in order on one connection in one
+//! pipeline (several, past `max_pipeline_depth`), and each fails alone.
+
+use std::sync::Arc;
+
+use tokio_postgres::Statement;
+
+use super::ordered::{each_in_order, join_in_order};
+use super::{Batch, BatchResults};
+use crate::answer::Answer;
+use crate::conn::params;
+use crate::conn::run::{self, Prepare, Target};
+use crate::error::{Error, ErrorKind};
+use crate::housekeeping;
+use crate::pool::PoolInner;
+use crate::protocol::sql_guard;
+
+/// How many times items that never left the client (their connection died
+/// first) are sent again on another connection; as for a single query.
+const UNSENT_RETRIES: u32 = 2;
+
+impl Batch<'_> {
+    pub(super) async fn run_isolated(&self) -> Result<BatchResults, Error> {
+        let inner = self.pool.inner();
+        let mut results: Vec<Option<Result<Answer, Error>>> = self
+            .items
+            .iter()
+            .map(|item| {
+                let refused =
+                    params::check_sql_size(item.sql).and_then(|()| sql_guard::check(item.sql));
+                refused.err().map(Err)
+            })
+            .collect();
+        let pending: Vec<usize> = (0..self.items.len())
+            .filter(|&i| results[i].is_none())
+            .collect();
+        if !pending.is_empty() {
+            if inner.is_closed() {
+                return Err(Error::closed());
+            }
+            housekeeping::start(inner);
+            if inner.config().pipelining {
+                self.run_shared(inner, &pending, &mut results).await?;
+            } else {
+                let conn = inner.checkout().await?;
+                let target = conn.pg_conn().target();
+                let mut out = unanswered(pending.len());
+                let round = self.round(target, Prepare::Inline, &pending, &mut out);
+                let deadline = inner.run_settings().query_timeout;
+                if run::within_deadline(deadline, round, || target.cancel())
+                    .await
+                    .is_err()
+                {
+                    time_out(&mut out);
+                }
+                for (i, result) in pending.iter().zip(out) {
+                    results[*i] = result;
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.expect("every item is answered"))
+            .collect())
+    }
+
+    /// Runs the `pending` items on shared connections, as many per round as
+    /// one connection takes.
+    async fn run_shared(
+        &self,
+        inner: &Arc<PoolInner>,
+        pending: &[usize],
+        results: &mut [Option<Result<Answer, Error>>],
+    ) -> Result<(), Error> {
+        let router = inner.router();
+        let depth = inner.config().max_pipeline_depth;
+        let deadline = inner.run_settings().query_timeout;
+        let (mut next, mut attempts) = (0, 0);
+        while next < pending.len() {
+            let mut place = match router.reserve(false).await {
+                Ok(place) => place,
+                Err(e) if next == 0 => return Err(e),
+                Err(e) => {
+                    for &i in &pending[next..] {
+                        results[i] = Some(Err(e.echo(e.kind(), "the batch could not go on")));
+                    }
+                    return Ok(());
+                }
+            };
+            let take = (pending.len() - next).min(depth);
+            place.extend(take as u64 - 1);
+            let indices = &pending[next..next + take];
+            let mut out = unanswered(take);
+            let conn = Arc::clone(&place.conn);
+            let round = self.round(
+                conn.conn().target(),
+                Prepare::Spawned(&conn),
+                indices,
+                &mut out,
+            );
+            if run::within_deadline(deadline, round, || router.late(&conn))
+                .await
+                .is_err()
+            {
+                time_out(&mut out);
+            }
+            let lost = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionLost);
+            if out.iter().any(lost) {
+                router.retire(&conn);
+            }
+            // Items that never left the client, after every item that did,
+            // may run on another connection without reordering anything.
+            let unsent =
+                |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.is_unsent());
+            let sent = out.len() - out.iter().rev().take_while(|r| unsent(r)).count();
+            let done = if sent < take && attempts < UNSENT_RETRIES {
+                attempts += 1;
+                sent
+            } else {
+                take
+            };
+            for (i, result) in indices.iter().zip(out).take(done) {
+                results[*i] = result;
+            }
+            next += done;
+        }
+        Ok(())
+    }
+
+    /// Runs `indices` on one connection: prepares what is not cached (all
+    /// at once), checks every item's parameters, then sends the items in
+    /// order, each answer going to `out`.
+    async fn round(
+        &self,
+        target: Target<'_>,
+        prepare: Prepare<'_>,
+        indices: &[usize],
+        out: &mut [Option<Result<Answer, Error>>],
+    ) -> Result<(), Error> {
+        let limits = self.pool.inner().run_settings().limits;
+        let preparing = indices
+            .iter()
+            .map(|&i| run::cached_statement(target, prepare, self.items[i].sql))
+            .collect();
+        let statements = join_in_order(preparing).await;
+        let mut ready: Vec<(usize, Statement, u64)> = Vec::with_capacity(indices.len());
+        for (k, found) in statements.into_iter().enumerate() {
+            let item = &self.items[indices[k]];
+            let checked = found.and_then(|found| {
+                params::check_params(&found.0, self.item_params(item), false).map(|()| found)
+            });
+            match checked {
+                Ok((statement, generation)) => ready.push((k, statement, generation)),
+                Err(e) => out[k] = Some(Err(e)),
+            }
+        }
+        let sending = ready
+            .iter()
+            .map(|(k, statement, _)| {
+                let item = &self.items[indices[*k]];
+                run::send(target, statement, self.item_params(item), item.op, limits)
+            })
+            .collect();
+        each_in_order(sending, |j, result| {
+            let (k, _, generation) = &ready[j];
+            if let Err(e) = &result {
+                if run::is_stale_statement(e) {
+                    // As pgx does in a batch: forget the plan and report
+                    // the error; retrying this item alone would reorder it.
+                    target
+                        .cache
+                        .invalidate(self.items[indices[*k]].sql, *generation);
+                }
+            }
+            out[*k] = Some(result);
+        })
+        .await;
+        Ok(()) // each item's error is in `out`; this fits `within_deadline`
+    }
+}
+
+/// A slot per item, none answered yet.
+fn unanswered<T>(n: usize) -> Vec<Option<T>> {
+    (0..n).map(|_| None).collect()
+}
+
+/// Answers every unanswered item with a timeout.
+fn time_out(out: &mut [Option<Result<Answer, Error>>]) {
+    for result in out.iter_mut().filter(|r| r.is_none()) {
+        *result = Some(Err(Error::timeout("the batch to finish (query_timeout)")));
+    }
+}

@@ -1,0 +1,108 @@
+//! The deadpool manager: how connections are opened, checked and recycled.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use deadpool::managed::{self, RecycleError, RecycleResult};
+
+use super::statement_cache::StatementCache;
+use super::step_aside::StepAside;
+use super::tls::Tls;
+use super::{ConnState, PgConn, PoolWire, connect};
+use crate::error::Error;
+use crate::metrics::CloseReason;
+
+/// Opens and recycles [`PgConn`]s for deadpool.
+#[derive(Debug)]
+pub(crate) struct Manager {
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) statement_cache_capacity: usize,
+    pub(crate) max_lifetime: Option<Duration>,
+    pub(crate) wire: Arc<PoolWire>,
+    pub(crate) tls: Tls,
+}
+
+/// How long a checkout waits for a returned connection to finish what its
+/// last user left behind before giving up on it.
+const RECYCLE_PATIENCE: Duration = Duration::from_secs(1);
+
+/// A lifetime shortened by up to a tenth, at random, so that connections
+/// opened together do not all expire together.
+fn jitter(lifetime: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    let random = RandomState::new().hash_one(Instant::now());
+    let tenth = lifetime.as_nanos() as u64 / 10;
+    lifetime.saturating_sub(Duration::from_nanos(random % tenth.max(1)))
+}
+
+impl managed::Manager for Manager {
+    type Type = PgConn;
+    type Error = Error;
+
+    async fn create(&self) -> Result<PgConn, Error> {
+        let state = Arc::new(ConnState::default());
+        let ((client, connection), peer) =
+            connect::connect(&self.config, Arc::clone(&state), &self.wire, &self.tls).await?;
+        let io_state = Arc::clone(&state);
+        let io = tokio::spawn(async move {
+            // The error, if any, reaches every request in flight through its
+            // response channel; here only the fact that the link is gone
+            // matters.
+            let _ = StepAside::new(connection, Arc::clone(&io_state)).await;
+            io_state.load.mark_dead();
+        });
+        state.set_io(io.abort_handle());
+        self.wire.register(&state);
+        let now = self.wire.ticks();
+        state.last_progress_tick.store(now, Ordering::Relaxed);
+        state.returned_tick.store(now, Ordering::Relaxed);
+        connect::check_session_attrs(&self.config, &client).await?;
+        if let Some(metrics) = &self.wire.metrics {
+            metrics.created.inc();
+        }
+        Ok(PgConn {
+            client,
+            state,
+            cache: StatementCache::new(self.statement_cache_capacity),
+            peer,
+            created: Instant::now(),
+            lifetime: self.max_lifetime.map(jitter),
+            wire: Arc::clone(&self.wire),
+        })
+    }
+
+    async fn recycle(&self, conn: &mut PgConn, _: &managed::Metrics) -> RecycleResult<Error> {
+        if conn.is_dead() {
+            return Err(RecycleError::message("connection is closed"));
+        }
+        if conn.is_expired() {
+            conn.closing(CloseReason::MaxLifetime);
+            return Err(RecycleError::message("connection reached max_lifetime"));
+        }
+        // An exclusive user may have left a transaction open (a `BEGIN`
+        // through the raw client, a dropped `Transaction` whose rollback is
+        // still on its way). The next user must never inherit it. With
+        // answers still outstanding the last status is stale, so roll back
+        // then too: requests run in order, so after this one the session is
+        // idle whatever came before.
+        //
+        // Answers still owed may also belong to a query abandoned at its
+        // deadline: give them a moment, and rather than keep the next user
+        // waiting on them, close the connection.
+        if conn.state.tx_status.load(Ordering::Acquire) != b'I' || conn.state.wire_depth() > 0 {
+            let rollback = conn.client.batch_execute("ROLLBACK");
+            match tokio::time::timeout(RECYCLE_PATIENCE, rollback).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(RecycleError::Backend(Error::from_query(e, true))),
+                Err(_) => {
+                    conn.closing(CloseReason::Broken);
+                    return Err(RecycleError::message(
+                        "connection still busy after its user left",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

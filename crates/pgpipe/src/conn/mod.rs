@@ -1,0 +1,143 @@
+//! One pooled PostgreSQL connection, and running queries on it.
+//!
+//! This layer knows nothing of the router, exclusive checkouts, the pool or
+//! batches: it imports nothing above itself (`docs/ARCHITECTURE.md` has the
+//! command that checks it).
+//!
+//! - [`PgConn`] (here): the client, its [`ConnState`], its statement cache,
+//!   where its socket went; session reset and cancel.
+//! - [`state`]: the load word admission works on, and what the tap saw.
+//! - [`wire`]: [`PoolWire`], what every tap reports, and the pool's clock.
+//! - [`manager`]: the deadpool manager: open, recycle, lifetime jitter.
+//! - [`step_aside`]: the I/O task's zero-length batch window.
+//! - [`run`]: one query on one connection: cached statement, checks, send,
+//!   collect, self-heal.
+//! - [`params`]: parameter count and size checks before anything is sent.
+//! - [`statement_cache`], [`connect`], [`tls`].
+
+pub(crate) mod connect;
+pub(crate) mod manager;
+pub(crate) mod params;
+pub(crate) mod run;
+pub(crate) mod state;
+pub(crate) mod statement_cache;
+mod step_aside;
+pub(crate) mod tls;
+pub(crate) mod wire;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::Client;
+
+use crate::error::Error;
+use crate::metrics::CloseReason;
+use connect::Peer;
+pub(crate) use manager::Manager;
+pub(crate) use run::Target;
+pub(crate) use state::ConnState;
+use statement_cache::{StatementCache, Ticket};
+pub(crate) use wire::PoolWire;
+
+/// A pooled connection: the client, what the tap sees of its wire, and its
+/// statement cache. Shared and exclusive use both borrow it from deadpool.
+#[derive(Debug)]
+pub(crate) struct PgConn {
+    pub(crate) client: Client,
+    pub(crate) state: Arc<ConnState>,
+    pub(crate) cache: Arc<StatementCache>,
+    /// Where the socket went, for cancel requests.
+    pub(crate) peer: Peer,
+    /// When it was opened, and how long it may live (jittered).
+    created: Instant,
+    lifetime: Option<Duration>,
+    wire: Arc<PoolWire>,
+}
+
+impl PgConn {
+    /// True once the connection's I/O task has ended.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.client.is_closed() || self.state.is_dead()
+    }
+
+    /// Whether it has outlived `max_lifetime`.
+    pub(crate) fn is_expired(&self) -> bool {
+        self.lifetime
+            .is_some_and(|max| self.created.elapsed() >= max)
+    }
+
+    /// The connection as a place to run queries, outside any transaction.
+    pub(crate) fn target(&self) -> Target<'_> {
+        Target {
+            client: &self.client,
+            cache: &self.cache,
+            state: &self.state,
+            peer: &self.peer,
+            heal: true,
+        }
+    }
+
+    /// Clears the session an exclusive user may have left behind, so the
+    /// connection can be shared. Prepared statements survive (no
+    /// `DEALLOCATE`), so the statement cache stays valid.
+    pub(crate) async fn reset_session(&self) -> Result<(), Error> {
+        let mut sql = String::new();
+        if self.state.tx_status.load(Ordering::Acquire) != b'I' {
+            sql.push_str("ROLLBACK; ");
+        }
+        sql.push_str(
+            "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
+             SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES;",
+        );
+        self.client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        self.state.cleaned();
+        Ok(())
+    }
+
+    /// Prepares a statement the cache missed and hands it to the cache (and
+    /// so to every task waiting for it).
+    pub(crate) async fn prepare_for_cache(&self, ticket: Ticket) -> u64 {
+        let result = self.client.prepare(ticket.sql()).await.map_err(Arc::new);
+        self.cache.complete(ticket, result)
+    }
+
+    /// Notes why the pool is about to drop this connection.
+    pub(crate) fn closing(&self, reason: CloseReason) {
+        self.state.closing(reason);
+    }
+
+    /// Notes that it went back to the idle set now (for `idle_timeout`).
+    pub(crate) fn returned(&self) {
+        let now = self.wire.ticks();
+        self.state.returned_tick.store(now, Ordering::Relaxed);
+    }
+
+    /// Asks the server to cancel what this connection's backend runs now.
+    pub(crate) fn cancel(&self) {
+        spawn_cancel(&self.peer, &self.client);
+    }
+}
+
+/// Asks the server behind `peer` to cancel what `client`'s backend runs now,
+/// without waiting for the answer.
+pub(crate) fn spawn_cancel(peer: &Peer, client: &Client) {
+    let (peer, token) = (peer.clone(), client.cancel_token());
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { connect::send_cancel_request(&peer, &token).await });
+    }
+}
+
+impl Drop for PgConn {
+    fn drop(&mut self) {
+        let reason = match self.state.close_reason() {
+            Some(reason) => reason,
+            None if self.is_dead() => CloseReason::Broken,
+            None => CloseReason::Shutdown,
+        };
+        self.state.count_close(self.wire.metrics.as_deref(), reason);
+    }
+}

@@ -1,0 +1,281 @@
+//! Running one query on one connection: cached statement, parameter check,
+//! execution, and the one-time retry when the server dropped the plan.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_core::Stream;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Statement};
+
+use super::connect::Peer;
+use super::params::{self, Params};
+use super::statement_cache::{self, Lookup, StatementCache, Ticket};
+use super::{ConnState, spawn_cancel};
+use crate::answer::{Answer, Op};
+use crate::error::{Error, ErrorKind};
+
+/// Where a query runs: a connection's client (or a transaction on it), the
+/// connection's statement cache and what its tap sees.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Target<'a> {
+    pub(crate) client: &'a Client,
+    pub(crate) cache: &'a Arc<StatementCache>,
+    pub(crate) state: &'a ConnState,
+    /// Where its socket went, for a cancel request.
+    pub(crate) peer: &'a Peer,
+    /// Whether a cached plan the server refused is prepared again and the
+    /// query retried. Not inside a transaction: the refusal aborted it.
+    pub(crate) heal: bool,
+}
+
+impl Target<'_> {
+    pub(crate) fn is_dead(&self) -> bool {
+        self.client.is_closed() || self.state.is_dead()
+    }
+
+    /// Asks the server to cancel what the backend runs now, without waiting.
+    pub(crate) fn cancel(&self) {
+        spawn_cancel(self.peer, self.client);
+    }
+}
+
+/// How a cache miss is prepared.
+#[derive(Clone, Copy)]
+pub(crate) enum Prepare<'a> {
+    /// In the caller's task: for exclusive connections, whose single user
+    /// would only wait anyway.
+    Inline,
+    /// In a task of its own, so that the callers waiting for it are not
+    /// stranded, and no statement is left half-made on the server, when the
+    /// task that missed first is cancelled. Whoever lends the connection
+    /// spawns the task, and keeps the connection alive until it ends.
+    Spawned(&'a dyn SpawnPrepare),
+}
+
+/// Prepares a cache miss in a task of its own; see [`Prepare::Spawned`].
+pub(crate) trait SpawnPrepare: Send + Sync {
+    /// Spawns a task that prepares `ticket`'s SQL and completes the ticket.
+    fn spawn_prepare(&self, ticket: Ticket);
+}
+
+/// Caps on one query's answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Limits {
+    pub(crate) max_bytes: Option<usize>,
+    pub(crate) max_rows: Option<usize>,
+    /// Past a cap, read the rest of the answer (keeping nothing) to learn
+    /// whether the statement itself succeeded, instead of leaving it to the
+    /// connection. Atomic batches need that: a hidden error means their
+    /// transaction was rolled back.
+    pub(crate) drain: bool,
+}
+
+/// How a query on a connection of its own runs: its answer's caps and its
+/// deadline.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RunSettings {
+    pub(crate) limits: Limits,
+    pub(crate) query_timeout: Option<Duration>,
+}
+
+/// Runs `sql` on `target`.
+///
+/// Errors of a query that never left the client (its statement could not be
+/// prepared because the connection died, or the connection died before it
+/// was sent) are marked [`unsent`](Error::unsent): the pool may run it on
+/// another connection.
+pub(crate) async fn run(
+    target: Target<'_>,
+    prepare: Prepare<'_>,
+    sql: &str,
+    params: Params<'_, '_>,
+    op: Op,
+    limits: Limits,
+) -> Result<Answer, Error> {
+    params::check_sql_size(sql)?;
+    let mut healed = !target.heal;
+    loop {
+        let (statement, generation) = cached_statement(target, prepare, sql).await?;
+        params::check_params(&statement, params, false)?;
+        match send(target, &statement, params, op, limits).await {
+            // The server refused the cached plan before running anything:
+            // forget it, prepare again, and retry once.
+            Err(e) if is_stale_statement(&e) => {
+                target.cache.invalidate(sql, generation);
+                if healed {
+                    return Err(e);
+                }
+                healed = true;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Runs one query on a connection the caller has to itself (an exclusive
+/// checkout, a transaction), within `query_timeout`; past it, a cancel
+/// request goes to the backend, which can only hit this query.
+pub(crate) async fn run_alone(
+    target: Target<'_>,
+    sql: &str,
+    params: Params<'_, '_>,
+    op: Op,
+    settings: RunSettings,
+) -> Result<Answer, Error> {
+    let run = run(target, Prepare::Inline, sql, params, op, settings.limits);
+    within_deadline(settings.query_timeout, run, || target.cancel()).await
+}
+
+/// Runs `query` within `deadline`, calling `late` if it runs out.
+pub(crate) async fn within_deadline<T>(
+    deadline: Option<Duration>,
+    query: impl Future<Output = Result<T, Error>>,
+    late: impl FnOnce(),
+) -> Result<T, Error> {
+    let Some(deadline) = deadline else {
+        return query.await;
+    };
+    match tokio::time::timeout(deadline, query).await {
+        Ok(result) => result,
+        Err(_) => {
+            late();
+            Err(Error::timeout("the query to finish (query_timeout)"))
+        }
+    }
+}
+
+/// The cached statement for `sql`, prepared once per connection however many
+/// tasks ask at the same time. A connection lost meanwhile is marked
+/// [`unsent`](Error::unsent): nothing of this query reached the server.
+pub(crate) async fn cached_statement(
+    conn: Target<'_>,
+    prepare: Prepare<'_>,
+    sql: &str,
+) -> Result<(Statement, u64), Error> {
+    loop {
+        let ticket = match conn.cache.lookup(sql) {
+            Lookup::Ready(statement, generation) => return Ok((statement, generation)),
+            Lookup::Pending(receiver, generation) => match statement_cache::wait(receiver).await {
+                Some(Ok(statement)) => return Ok((statement, generation)),
+                Some(Err(e)) => return Err(prepare_failed(&e, conn)),
+                None => continue, // its preparer was cancelled; look again
+            },
+            Lookup::Miss(ticket) => ticket,
+        };
+        match prepare {
+            Prepare::Inline => {
+                let result = conn.client.prepare(ticket.sql()).await.map_err(Arc::new);
+                let generation = conn.cache.complete(ticket, result.clone());
+                return match result {
+                    Ok(statement) => Ok((statement, generation)),
+                    Err(e) => Err(prepare_failed(&e, conn)),
+                };
+            }
+            // Loop round to wait for it like everyone else.
+            Prepare::Spawned(spawner) => spawner.spawn_prepare(ticket),
+        }
+    }
+}
+
+fn prepare_failed(e: &Arc<tokio_postgres::Error>, conn: Target<'_>) -> Error {
+    let error = Error::from_shared_prepare(e, conn.client.is_closed());
+    if error.kind() == ErrorKind::ConnectionLost {
+        error.unsent()
+    } else {
+        error
+    }
+}
+
+/// Sends a checked query and reads its answer. The request is handed to
+/// the connection on the first poll, so futures polled in order are sent
+/// in order.
+pub(crate) async fn send(
+    target: Target<'_>,
+    statement: &Statement,
+    params: Params<'_, '_>,
+    op: Op,
+    limits: Limits,
+) -> Result<Answer, Error> {
+    if target.is_dead() {
+        return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
+    }
+    match op {
+        Op::Query => collect(target, statement, params, limits).await,
+        Op::Execute => target
+            .client
+            .execute(statement, params)
+            .await
+            .map(Answer::Count)
+            .map_err(|e| Error::from_query(e, target.client.is_closed())),
+    }
+}
+
+/// Reads a query's rows, within `limits`. Past a limit the rest of the
+/// answer is left to the connection, which reads and discards it (or, with
+/// `drain`, read here and dropped): the connection stays in step and its
+/// other queries are unaffected.
+async fn collect(
+    target: Target<'_>,
+    statement: &Statement,
+    params: Params<'_, '_>,
+    limits: Limits,
+) -> Result<Answer, Error> {
+    let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
+    let stream = target
+        .client
+        .query_raw(statement, params.iter().copied())
+        .await
+        .map_err(failed)?;
+    let mut stream = std::pin::pin!(stream);
+    let (mut rows, mut bytes) = (Vec::new(), 0usize);
+    let mut too_large = None;
+    while let Some(row) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+        let row = row.map_err(failed)?;
+        if too_large.is_some() {
+            continue; // draining
+        }
+        bytes += row.raw_size_bytes();
+        too_large = past_limits(limits, bytes, rows.len());
+        match &too_large {
+            None => rows.push(row),
+            Some(_) if limits.drain => rows = Vec::new(),
+            Some(_) => break,
+        }
+    }
+    match too_large {
+        Some(message) => Err(Error::new(ErrorKind::TooLarge, message)),
+        None => Ok(Answer::Rows(rows)),
+    }
+}
+
+/// Why an answer of `rows` rows so far and `bytes` bytes with the next row
+/// is over `limits`, if it is.
+fn past_limits(limits: Limits, bytes: usize, rows: usize) -> Option<String> {
+    if let Some(max) = limits.max_bytes.filter(|max| bytes > *max) {
+        return Some(format!(
+            "the result passed max_result_bytes ({max} bytes) after {rows} rows"
+        ));
+    }
+    if let Some(max) = limits.max_rows.filter(|max| rows >= *max) {
+        return Some(format!("the result passed max_result_rows ({max})"));
+    }
+    None
+}
+
+/// `0A000 cached plan must not change result type` (the table changed under a
+/// prepared `SELECT *`) or `26000` (the statement is gone, e.g. after
+/// `DISCARD ALL`). Both are raised before the statement runs.
+pub(crate) fn is_stale_statement(e: &Error) -> bool {
+    let Some(db) = e.as_db_error() else {
+        return false;
+    };
+    match db.code() {
+        c if *c == SqlState::INVALID_SQL_STATEMENT_NAME => true,
+        c if *c == SqlState::FEATURE_NOT_SUPPORTED => {
+            db.routine() == Some("RevalidateCachedQuery") || db.message().contains("cached plan")
+        }
+        _ => false,
+    }
+}

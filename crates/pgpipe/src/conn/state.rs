@@ -1,0 +1,258 @@
+//! What is known about one connection, shared by its socket tap, the router
+//! and the pool: the load word that admission works on, and what the tap
+//! has seen on the wire.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+
+use tokio::task::AbortHandle;
+
+use crate::metrics::{CloseReason, Metrics, QuarantineReason};
+
+/// A connection's in-flight count and flags in one word, so that "admit a
+/// query if the connection is open and below its depth limit" is a single
+/// compare-and-swap. The bit layout is private to this type.
+#[derive(Debug, Default)]
+pub(crate) struct LoadWord(AtomicU64);
+
+/// The low 32 bits count queries admitted on a shared connection and not
+/// yet finished.
+const IN_FLIGHT: u64 = 0xffff_ffff;
+/// The connection is used by the shared (pipelined) path.
+const SHARED: u64 = 1 << 61;
+/// The connection takes no new work (retiring, quarantined or dead).
+const CLOSED: u64 = 1 << 62;
+/// The connection's I/O task has ended.
+const DEAD: u64 = 1 << 63;
+
+/// One reading of a [`LoadWord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Load(u64);
+
+impl Load {
+    /// Queries admitted and not finished.
+    pub(crate) fn in_flight(self) -> u64 {
+        self.0 & IN_FLIGHT
+    }
+
+    /// Takes no new work.
+    pub(crate) fn is_closed(self) -> bool {
+        self.0 & CLOSED != 0
+    }
+
+    /// Its I/O task has ended.
+    pub(crate) fn is_dead(self) -> bool {
+        self.0 & DEAD != 0
+    }
+
+    fn is_shared(self) -> bool {
+        self.0 & SHARED != 0
+    }
+}
+
+impl LoadWord {
+    /// The word now.
+    pub(crate) fn get(&self) -> Load {
+        Load(self.0.load(Ordering::Acquire))
+    }
+
+    /// Queries admitted and not finished.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.get().in_flight()
+    }
+
+    /// Claims a place for one more query, returning how many were in flight
+    /// before, or `None` if the connection is closed to new work or has
+    /// `max_depth` in flight.
+    pub(crate) fn admit(&self, max_depth: u64) -> Option<u64> {
+        let mut current = self.0.load(Ordering::Acquire);
+        loop {
+            if current & (CLOSED | DEAD) != 0 || current & IN_FLIGHT >= max_depth {
+                return None;
+            }
+            match self.0.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(current & IN_FLIGHT),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Claims `n` more places, past the depth limit if need be (the items
+    /// of one batch).
+    pub(crate) fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Frees one place; returns how many were in flight before.
+    pub(crate) fn release(&self) -> u64 {
+        self.0.fetch_sub(1, Ordering::AcqRel) & IN_FLIGHT
+    }
+
+    /// Takes no new work from now on.
+    pub(crate) fn close(&self) {
+        self.0.fetch_or(CLOSED, Ordering::AcqRel);
+    }
+
+    /// The I/O task ended: closed, and dead.
+    pub(crate) fn mark_dead(&self) {
+        self.0.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
+    }
+
+    /// Lent to the shared path. A flag, OR-ed in: a connection that died
+    /// meanwhile stays dead.
+    pub(crate) fn share(&self) {
+        self.0.fetch_or(SHARED, Ordering::AcqRel);
+    }
+
+    /// Back from the shared path: no longer shared, open to whoever takes it
+    /// next, nothing in flight. A dead connection stays dead.
+    pub(crate) fn unshare(&self) {
+        self.0.fetch_and(DEAD, Ordering::AcqRel);
+    }
+}
+
+/// Per-connection state shared by the tap, the router and the pool.
+#[derive(Debug, Default)]
+pub(crate) struct ConnState {
+    /// In-flight count and flags.
+    pub(crate) load: LoadWord,
+    /// Transaction status from the last ReadyForQuery.
+    pub(crate) tx_status: AtomicU8,
+    /// The session may carry state from an exclusive user or a quarantine;
+    /// reset it before the connection is shared again.
+    pub(crate) needs_reset: AtomicBool,
+    /// Requests written, each answered by one ReadyForQuery: Syncs, simple
+    /// Queries, FunctionCalls and the start-up packet.
+    pub(crate) requests: AtomicU64,
+    /// ReadyForQuery messages read.
+    pub(crate) readies: AtomicU64,
+    /// Why the connection was quarantined ([`QuarantineReason`] + 1), if it was.
+    quarantined: AtomicU8,
+    /// The pool clock (ticks) at the last sign of progress: a read, or a
+    /// write to an idle connection. The stall watchdog's clock.
+    pub(crate) last_progress_tick: AtomicU64,
+    /// The pool clock (ticks) when it last went back to deadpool's idle set.
+    pub(crate) returned_tick: AtomicU64,
+    /// [`PoolWire::now_nanos`](super::PoolWire::now_nanos) at the last
+    /// ReadyForQuery read, or at a write to an idle connection: a connection
+    /// that owes answers and has not moved for long is held up by something
+    /// slow at its head.
+    pub(crate) last_ready_nanos: AtomicU64,
+    /// Why the pool closes it, once decided ([`CloseReason`] + 1).
+    close_reason: AtomicU8,
+    /// Ends the connection's I/O task.
+    io: OnceLock<AbortHandle>,
+    /// Checked out with `get()`: its user's business, whatever it waits for.
+    pub(crate) exclusive: AtomicBool,
+    /// Whether `connections_closed_total` counted it already.
+    close_counted: AtomicBool,
+}
+
+impl ConnState {
+    pub(crate) fn is_dead(&self) -> bool {
+        self.load.get().is_dead()
+    }
+
+    pub(crate) fn set_io(&self, io: AbortHandle) {
+        let _ = self.io.set(io);
+    }
+
+    /// Ends the connection now: its I/O task stops, the socket closes, and
+    /// every query in flight fails with `ConnectionLost`.
+    pub(crate) fn kill(&self, reason: CloseReason, metrics: Option<&Metrics>) {
+        self.closing(reason);
+        self.load.mark_dead();
+        if let Some(io) = self.io.get() {
+            io.abort();
+        }
+        self.count_close(metrics, reason);
+    }
+
+    /// Counts the connection as closed, once, whoever notices first (the
+    /// watchdog that kills it, or the drop that ends it).
+    pub(crate) fn count_close(&self, metrics: Option<&Metrics>, reason: CloseReason) {
+        if let Some(metrics) = metrics {
+            if !self.close_counted.swap(true, Ordering::AcqRel) {
+                metrics.closed(reason);
+            }
+        }
+    }
+
+    pub(crate) fn closing(&self, reason: CloseReason) {
+        let _ = self.close_reason.compare_exchange(
+            0,
+            reason as u8 + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    pub(crate) fn close_reason(&self) -> Option<CloseReason> {
+        CloseReason::from_u8(self.close_reason.load(Ordering::Acquire).checked_sub(1)?)
+    }
+
+    /// Queries written and not yet answered (requests minus ReadyForQuery).
+    pub(crate) fn wire_depth(&self) -> u64 {
+        let readies = self.readies.load(Ordering::Acquire);
+        self.requests
+            .load(Ordering::Acquire)
+            .saturating_sub(readies)
+    }
+
+    /// Whether the connection is lent to the shared path.
+    pub(crate) fn is_shared(&self) -> bool {
+        self.load.get().is_shared()
+    }
+
+    /// Stops routing to this connection and marks it for a reset. Called from
+    /// the read path when a shared connection shows session state; returns
+    /// whether this call quarantined it.
+    pub(crate) fn quarantine(&self, reason: QuarantineReason) -> bool {
+        if !self.is_shared() {
+            return false; // exclusive connections may hold any state they like
+        }
+        self.needs_reset.store(true, Ordering::Release);
+        self.load.close();
+        self.quarantined
+            .compare_exchange(0, reason as u8 + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The session was reset: clean again.
+    pub(crate) fn cleaned(&self) {
+        self.needs_reset.store(false, Ordering::Release);
+        self.quarantined.store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_stops_at_the_depth_limit_and_at_close() {
+        let word = LoadWord::default();
+        assert_eq!(word.admit(2), Some(0));
+        assert_eq!(word.admit(2), Some(1));
+        assert_eq!(word.admit(2), None, "full");
+        assert_eq!(word.release(), 2);
+        word.close();
+        assert_eq!(word.admit(2), None, "closed");
+        assert_eq!(word.in_flight(), 1);
+    }
+
+    #[test]
+    fn sharing_keeps_a_dead_connection_dead() {
+        let word = LoadWord::default();
+        word.mark_dead();
+        word.share();
+        word.unshare();
+        assert!(word.get().is_dead() && !word.get().is_shared());
+        assert_eq!(word.admit(8), None);
+    }
+}

@@ -1,0 +1,67 @@
+//! [`PoolWire`]: what every connection's tap reports to the pool, the
+//! pool's clock, and the registry of live connections.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use super::state::ConnState;
+use crate::metrics::Metrics;
+use crate::protocol::rtt::RttFilter;
+use crate::sync::lock;
+
+/// What every connection's tap reports to the pool, and the pool's clock.
+#[derive(Debug, Default)]
+pub(crate) struct PoolWire {
+    pub(crate) rtt: RttFilter,
+    pub(crate) metrics: Option<Arc<Metrics>>,
+    /// Ticks of the pool's housekeeping: a clock that the hot path can read
+    /// without a system call.
+    pub(crate) clock: AtomicU64,
+    /// Every connection opened and not yet dropped, for the stall watchdog.
+    states: Mutex<Vec<Weak<ConnState>>>,
+    /// Where [`now_nanos`](PoolWire::now_nanos) counts from.
+    epoch: Epoch,
+}
+
+#[derive(Debug)]
+struct Epoch(Instant);
+
+impl Default for Epoch {
+    fn default() -> Epoch {
+        Epoch(Instant::now())
+    }
+}
+
+impl PoolWire {
+    pub(crate) fn new(metrics: Option<Arc<Metrics>>) -> PoolWire {
+        PoolWire {
+            metrics,
+            ..PoolWire::default()
+        }
+    }
+
+    /// A fine clock for the hot path: nanoseconds since the pool was made.
+    pub(crate) fn now_nanos(&self) -> u64 {
+        self.epoch.0.elapsed().as_nanos() as u64
+    }
+
+    /// The pool's coarse clock: housekeeping ticks so far.
+    pub(crate) fn ticks(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn register(&self, state: &Arc<ConnState>) {
+        let mut states = lock(&self.states);
+        states.retain(|s| s.strong_count() > 0);
+        states.push(Arc::downgrade(state));
+    }
+
+    /// The connections still alive.
+    pub(crate) fn states(&self) -> Vec<Arc<ConnState>> {
+        lock(&self.states)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect()
+    }
+}

@@ -1,0 +1,145 @@
+//! [`Connection`]: an exclusive checkout, for transactions and session state.
+
+use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::Ordering;
+
+use deadpool::managed::Object;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
+
+use super::{Claim, Transaction};
+use crate::answer::{Answer, Op};
+use crate::conn::run::{self, Prepare, RunSettings};
+use crate::conn::{Manager, PgConn};
+use crate::error::Error;
+#[cfg(doc)]
+use crate::error::ErrorKind;
+
+/// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
+/// until dropped, never shared meanwhile.
+///
+/// It dereferences to a [`tokio_postgres::Client`], so everything
+/// tokio-postgres offers works here. Its [`transaction`](Connection::transaction)
+/// and its [`Executor`](crate::Executor) methods go through the
+/// connection's statement cache:
+///
+/// ```no_run
+/// use pgpipe::Executor;
+///
+/// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+/// let mut conn = pool.get().await?;
+/// conn.execute("SET statement_timeout = '5s'", &[]).await?;
+/// let tx = conn.transaction().await?;
+/// tx.execute("UPDATE accounts SET balance = balance - 1 WHERE id = $1", &[&1i64])
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// When it is dropped, the connection goes back to the pool. An open
+/// transaction is rolled back before anyone else uses it, and before it is
+/// shared again its session is reset (`SET`s, temp tables, advisory locks,
+/// `LISTEN`s, cursors); its prepared statements stay cached.
+pub struct Connection {
+    // Field order matters: the connection goes back to deadpool before the
+    // claim is released, so a shared-path opener woken by the release finds
+    // it there.
+    object: Object<Manager>,
+    _claim: Claim,
+    run: RunSettings,
+}
+
+impl Connection {
+    pub(super) fn new(object: Object<Manager>, claim: Claim, run: RunSettings) -> Connection {
+        Connection {
+            object,
+            _claim: claim,
+            run,
+        }
+    }
+
+    /// Starts a transaction. Its queries use this connection's statement
+    /// cache; dropped without a commit, it rolls back.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::ConnectionLost`] when the connection broke.
+    pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
+        // `client.transaction()` needs the client mutably while the cache,
+        // the state and the peer stay borrowed: split the borrow.
+        let PgConn {
+            client,
+            cache,
+            state,
+            peer,
+            ..
+        } = &mut *self.object;
+        let inner = client.transaction().await?;
+        Ok(Transaction::new(inner, cache, state, peer, self.run))
+    }
+
+    /// The tokio-postgres client, for its own methods where a pgpipe trait
+    /// in scope has one of the same name.
+    pub fn client(&self) -> &Client {
+        &self.object.client
+    }
+
+    pub(crate) async fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Answer, Error> {
+        run::run_alone(self.object.target(), sql, params, op, self.run).await
+    }
+
+    /// Prepares `sql` through the connection's statement cache: the first
+    /// call prepares, later calls (also after the connection has served the
+    /// shared path) reuse the statement.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Db`] when the server rejects the SQL,
+    /// [`ErrorKind::ConnectionLost`] when the connection broke.
+    pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
+        run::cached_statement(self.object.target(), Prepare::Inline, sql)
+            .await
+            .map(|(statement, _)| statement)
+    }
+
+    /// The pooled connection underneath.
+    pub(crate) fn pg_conn(&self) -> &PgConn {
+        &self.object
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.object.state.exclusive.store(false, Ordering::Release);
+        self.object.returned();
+    }
+}
+
+impl Deref for Connection {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.object.client
+    }
+}
+
+impl DerefMut for Connection {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.object.client
+    }
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("closed", &self.object.client.is_closed())
+            .finish_non_exhaustive()
+    }
+}

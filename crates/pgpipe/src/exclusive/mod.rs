@@ -1,0 +1,228 @@
+//! The exclusive side: checking out a whole connection with
+//! [`Pool::get`](crate::Pool::get), for transactions and session state.
+//!
+//! [`Exclusive`] owns the `max_exclusive` permits, the [`Claims`] (how many
+//! connections exclusive users hold, and which tasks), and the deadlock
+//! check. Exclusive checkouts and shared connections draw from one
+//! `max_size`: the router reads the claims to know how many connections it
+//! may keep, and a checkout that finds every connection shared asks the
+//! router to make one drain ([`Router::rebalance`]); giving a claim back
+//! lets the router use the connection again ([`Router::dispatch`]).
+
+mod connection;
+mod transaction;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool::managed::Timeouts;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::time::Instant;
+
+pub use connection::Connection;
+pub use transaction::Transaction;
+
+use crate::conn::Manager;
+use crate::conn::run::RunSettings;
+use crate::error::{Error, ErrorKind};
+use crate::shared::Router;
+use crate::sync::lock;
+
+/// Connections claimed by exclusive checkouts, and the tasks holding them.
+#[derive(Debug, Default)]
+pub(crate) struct Claims {
+    owners: Mutex<Vec<Owner>>,
+    count: AtomicUsize,
+}
+
+impl Claims {
+    /// How many connections exclusive users hold (or are about to).
+    pub(crate) fn claimed(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// True when the current task holds every claim there is: waiting for
+    /// another connection would wait for itself.
+    pub(crate) fn all_mine(&self) -> bool {
+        let me = Owner::current();
+        let owners = lock(&self.owners);
+        !owners.is_empty() && owners.iter().all(|o| *o == me)
+    }
+
+    fn add(&self, owner: Owner) {
+        lock(&self.owners).push(owner);
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn remove(&self, owner: Owner) {
+        {
+            let mut owners = lock(&self.owners);
+            if let Some(i) = owners.iter().position(|o| *o == owner) {
+                owners.swap_remove(i);
+            }
+        }
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Who took a claim: the task, or, for code outside any task (a
+/// `block_on`, `#[tokio::test]`'s body), the thread that runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    Task(tokio::task::Id),
+    Thread(std::thread::ThreadId),
+}
+
+impl Owner {
+    fn current() -> Owner {
+        match tokio::task::try_id() {
+            Some(id) => Owner::Task(id),
+            None => Owner::Thread(std::thread::current().id()),
+        }
+    }
+}
+
+/// One of the `max_exclusive` places for exclusive checkouts, and the task
+/// that took it (to recognise a task that would wait for itself).
+struct Claim {
+    router: Arc<Router>,
+    claims: Arc<Claims>,
+    owner: Owner,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.claims.remove(self.owner);
+        // The shared path may use one more connection now.
+        self.router.dispatch();
+    }
+}
+
+/// Counts a task as waiting in `get()` until it stops, however it stops
+/// (also when its future is dropped).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Waiting<'_> {
+    fn new(count: &AtomicUsize) -> Waiting<'_> {
+        count.fetch_add(1, Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The exclusive side; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Exclusive {
+    pg: deadpool::managed::Pool<Manager>,
+    permits: Arc<Semaphore>,
+    claims: Arc<Claims>,
+    /// Tasks waiting in `get()`.
+    waiting: AtomicUsize,
+    wait_timeout: Duration,
+    /// Whether the pool also has a shared path to make room on.
+    pipelining: bool,
+    /// How queries on a checked-out connection run.
+    run: RunSettings,
+}
+
+impl Exclusive {
+    pub(crate) fn new(
+        pg: deadpool::managed::Pool<Manager>,
+        max_exclusive: usize,
+        wait_timeout: Duration,
+        pipelining: bool,
+        run: RunSettings,
+    ) -> Exclusive {
+        Exclusive {
+            pg,
+            permits: Arc::new(Semaphore::new(max_exclusive)),
+            claims: Arc::new(Claims::default()),
+            waiting: AtomicUsize::new(0),
+            wait_timeout,
+            pipelining,
+            run,
+        }
+    }
+
+    /// The claims, for the router.
+    pub(crate) fn claims(&self) -> &Arc<Claims> {
+        &self.claims
+    }
+
+    /// Tasks waiting in `get()`.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Connections held by exclusive users: claims not still waiting.
+    pub(crate) fn held(&self) -> usize {
+        self.claims.claimed().saturating_sub(self.waiting())
+    }
+
+    /// Fails every checkout from now on, and every one waiting.
+    pub(crate) fn close(&self) {
+        self.permits.close();
+    }
+
+    /// Checks out an exclusive connection; see [`Pool::get`](crate::Pool::get).
+    pub(crate) async fn checkout(&self, router: &Arc<Router>) -> Result<Connection, Error> {
+        if self.permits.is_closed() {
+            return Err(Error::closed());
+        }
+        let deadline = Instant::now() + self.wait_timeout;
+        let permit = match Arc::clone(&self.permits).try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => return Err(Error::closed()),
+            Err(TryAcquireError::NoPermits) => {
+                if self.claims.all_mine() {
+                    return Err(Error::new(
+                        ErrorKind::Deadlock,
+                        "this task already holds every exclusive connection it may \
+                         (max_exclusive); waiting for another would wait for itself",
+                    ));
+                }
+                let waiting = Waiting::new(&self.waiting);
+                let permits = Arc::clone(&self.permits);
+                let acquired = tokio::time::timeout_at(deadline, permits.acquire_owned()).await;
+                drop(waiting);
+                match acquired {
+                    Ok(Ok(permit)) => permit,
+                    Ok(Err(_)) => return Err(Error::closed()),
+                    Err(_) => return Err(Error::timeout("an exclusive connection")),
+                }
+            }
+        };
+        let owner = Owner::current();
+        self.claims.add(owner);
+        let claim = Claim {
+            router: Arc::clone(router),
+            claims: Arc::clone(&self.claims),
+            owner,
+            _permit: permit,
+        };
+        if self.pipelining {
+            // Make room: shared connections beyond the new limit drain and
+            // come back to deadpool, where this checkout picks one up.
+            router.rebalance();
+        }
+        let timeouts = Timeouts {
+            wait: Some(deadline.saturating_duration_since(Instant::now())),
+            create: None,
+            recycle: Some(self.wait_timeout),
+        };
+        let waiting = Waiting::new(&self.waiting);
+        let object = self.pg.timeout_get(&timeouts).await;
+        drop(waiting);
+        let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
+        object.state.needs_reset.store(true, Ordering::Release);
+        object.state.exclusive.store(true, Ordering::Release);
+        Ok(Connection::new(object, claim, self.run))
+    }
+}

@@ -1,0 +1,365 @@
+//! Prometheus metrics, registered into the caller's registry.
+//!
+//! Two kinds of figures:
+//!
+//! - **Events**, counted where they happen with pre-resolved metric handles
+//!   (atomics, no lock, no allocation): queries by mode and outcome, their
+//!   durations, waits, rejections, connections opened and closed, and, in the
+//!   socket tap, batch sizes, round trips saved and latency saved.
+//! - **State**, read from the pool when Prometheus scrapes: connections by
+//!   state, pipeline depth, queue depth, the round-trip estimate.
+//!
+//! Every series carries a constant `pool` label, so several pools can share
+//! one registry. Label values come from fixed lists; no SQL, parameter,
+//! error message or user name ever becomes a label.
+
+mod collector;
+
+use std::time::Duration;
+
+use prometheus::{
+    Counter, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+};
+
+pub(crate) use collector::{Snapshot, register};
+
+use crate::error::{Error, ErrorKind};
+
+const NAMESPACE: &str = "pgpipe";
+
+/// Buckets for durations, from 100 µs (a LAN round trip) to 10 s.
+const SECONDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Buckets for the batch window's wait, from 10 µs.
+const WAIT_SECONDS: &[f64] = &[
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1,
+];
+/// Buckets for queries per write: 1, 2, 4 … 256.
+const BATCH: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
+/// A fixed set of label values: each variant knows its own, and `ALL`
+/// lists them in declaration order, so that `variant as usize` indexes it.
+macro_rules! labels {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident = $label:literal,)* }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub(crate) enum $name {
+            $($(#[$vdoc])* $variant,)*
+        }
+
+        impl $name {
+            pub(crate) const ALL: &[$name] = &[$($name::$variant,)*];
+
+            pub(crate) fn label(self) -> &'static str {
+                match self {
+                    $($name::$variant => $label,)*
+                }
+            }
+        }
+    };
+}
+
+labels! {
+    /// How a query was run.
+    Mode {
+        Pipelined = "pipelined",
+        Exclusive = "exclusive",
+    }
+}
+
+labels! {
+    /// How a query ended.
+    Outcome {
+        Ok = "ok",
+        DbError = "db_error",
+        ClientError = "client_error",
+        ConnectionLost = "connection_lost",
+        Timeout = "timeout",
+        /// Queue full, closed, not allowed on shared, deadlock, config, and
+        /// the items of an atomic batch that another item aborted.
+        Rejected = "rejected",
+        ConnectError = "connect_error",
+    }
+}
+
+impl Outcome {
+    fn of(result: Result<(), &Error>) -> Outcome {
+        match result.err().map(Error::kind) {
+            None => Outcome::Ok,
+            Some(ErrorKind::Db) => Outcome::DbError,
+            Some(
+                ErrorKind::Params | ErrorKind::RowCount | ErrorKind::Protocol | ErrorKind::TooLarge,
+            ) => Outcome::ClientError,
+            Some(ErrorKind::ConnectionLost) => Outcome::ConnectionLost,
+            Some(ErrorKind::Timeout) => Outcome::Timeout,
+            Some(ErrorKind::Connect) => Outcome::ConnectError,
+            Some(_) => Outcome::Rejected,
+        }
+    }
+}
+
+labels! {
+    /// Why the pool refused a query before running it.
+    Rejection {
+        QueueFull = "queue_full",
+        Timeout = "timeout",
+        Closed = "closed",
+        NotAllowedOnShared = "not_allowed_on_shared",
+        Deadlock = "deadlock",
+    }
+}
+
+impl Rejection {
+    fn of(kind: ErrorKind) -> Option<Rejection> {
+        match kind {
+            ErrorKind::QueueFull => Some(Rejection::QueueFull),
+            ErrorKind::Timeout => Some(Rejection::Timeout),
+            ErrorKind::Closed => Some(Rejection::Closed),
+            ErrorKind::NotAllowedOnShared => Some(Rejection::NotAllowedOnShared),
+            ErrorKind::Deadlock => Some(Rejection::Deadlock),
+            _ => None,
+        }
+    }
+}
+
+labels! {
+    /// Why a connection was closed.
+    CloseReason {
+        /// Its I/O ended: the server or the network dropped it.
+        Broken = "broken",
+        /// Its session could not be reset before sharing it.
+        ResetFailed = "reset_failed",
+        /// The pool was closed or shrunk.
+        Shutdown = "shutdown",
+        /// It reached `max_lifetime`.
+        MaxLifetime = "max_lifetime",
+        /// It sat unused for `idle_timeout`.
+        Idle = "idle",
+        /// The watchdog killed it: queries in flight, nothing received for
+        /// `stall_timeout`.
+        Stalled = "stalled",
+    }
+}
+
+impl CloseReason {
+    pub(crate) fn from_u8(n: u8) -> Option<CloseReason> {
+        CloseReason::ALL.get(usize::from(n)).copied()
+    }
+}
+
+labels! {
+    /// Why a shared connection was quarantined.
+    QuarantineReason {
+        /// A ReadyForQuery showed a transaction left open.
+        Transaction = "transaction",
+        /// A reported setting changed (`ParameterStatus`).
+        SessionState = "session_state",
+    }
+}
+
+/// Handles the socket tap updates for every write and read.
+#[derive(Debug)]
+pub(crate) struct WireMetrics {
+    pub(crate) batch_size: Histogram,
+    pub(crate) round_trips_saved: IntCounter,
+    pub(crate) latency_saved: Counter,
+    quarantined: Box<[IntCounter]>,
+}
+
+impl WireMetrics {
+    pub(crate) fn quarantined(&self, reason: QuarantineReason) {
+        self.quarantined[reason as usize].inc();
+    }
+}
+
+/// The pool's metric handles.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    /// By [`Mode`], then [`Outcome`].
+    queries: Box<[Box<[IntCounter]>]>,
+    durations: Box<[Histogram]>,
+    pub(crate) connection_wait: Histogram,
+    pub(crate) flush_wait: Histogram,
+    inflight_failed: IntCounter,
+    rejected: Box<[IntCounter]>,
+    pub(crate) created: IntCounter,
+    closed: Box<[IntCounter]>,
+    pub(crate) wire: WireMetrics,
+    // The families, for collection.
+    queries_vec: IntCounterVec,
+    durations_vec: HistogramVec,
+    rejected_vec: IntCounterVec,
+    closed_vec: IntCounterVec,
+    quarantined_vec: IntCounterVec,
+}
+
+fn opts(name: &str, help: &str, pool: &str) -> Opts {
+    Opts::new(name, help)
+        .namespace(NAMESPACE)
+        .const_label("pool", pool)
+}
+
+fn histogram(name: &str, help: &str, pool: &str, buckets: &[f64]) -> HistogramOpts {
+    HistogramOpts::new(name, help)
+        .namespace(NAMESPACE)
+        .const_label("pool", pool)
+        .buckets(buckets.to_vec())
+}
+
+/// One counter per label value, in the order given.
+fn children<L: Copy>(
+    vec: &IntCounterVec,
+    all: &[L],
+    label: fn(L) -> &'static str,
+) -> Box<[IntCounter]> {
+    all.iter()
+        .map(|&l| vec.with_label_values(&[label(l)]))
+        .collect()
+}
+
+impl Metrics {
+    pub(crate) fn new(pool: &str) -> Result<Metrics, prometheus::Error> {
+        let queries_vec = IntCounterVec::new(
+            opts(
+                "queries_total",
+                "Queries finished, by how they ran and how they ended.",
+                pool,
+            ),
+            &["mode", "outcome"],
+        )?;
+        let queries = Mode::ALL
+            .iter()
+            .map(|mode| {
+                Outcome::ALL
+                    .iter()
+                    .map(|o| queries_vec.with_label_values(&[mode.label(), o.label()]))
+                    .collect()
+            })
+            .collect();
+        let durations_vec = HistogramVec::new(
+            histogram(
+                "query_duration_seconds",
+                "Time from a query's call to its answer, waiting included.",
+                pool,
+                SECONDS,
+            ),
+            &["mode"],
+        )?;
+        let durations = Mode::ALL
+            .iter()
+            .map(|mode| durations_vec.with_label_values(&[mode.label()]))
+            .collect();
+        let rejected_vec = IntCounterVec::new(
+            opts(
+                "pipeline_rejected_total",
+                "Queries refused before running, by reason.",
+                pool,
+            ),
+            &["reason"],
+        )?;
+        let closed_vec = IntCounterVec::new(
+            opts(
+                "connections_closed_total",
+                "Connections closed, by reason.",
+                pool,
+            ),
+            &["reason"],
+        )?;
+        let quarantined_vec = IntCounterVec::new(
+            opts(
+                "pipeline_quarantined_total",
+                "Shared connections taken out of use because the wire showed session state \
+                 (a transaction, or a changed setting).",
+                pool,
+            ),
+            &["reason"],
+        )?;
+        Ok(Metrics {
+            queries,
+            durations,
+            connection_wait: Histogram::with_opts(histogram(
+                "connection_wait_seconds",
+                "Time a query or checkout waited for a connection (or room on a shared one).",
+                pool,
+                SECONDS,
+            ))?,
+            flush_wait: Histogram::with_opts(histogram(
+                "pipeline_flush_wait_seconds",
+                "Time a pipelined query was held in the batch window before being sent: \
+                 the cost of batching.",
+                pool,
+                WAIT_SECONDS,
+            ))?,
+            inflight_failed: IntCounter::with_opts(opts(
+                "pipeline_inflight_failed_total",
+                "Pipelined queries failed because their shared connection broke under them.",
+                pool,
+            ))?,
+            rejected: children(&rejected_vec, Rejection::ALL, Rejection::label),
+            created: IntCounter::with_opts(opts(
+                "connections_created_total",
+                "Connections opened.",
+                pool,
+            ))?,
+            closed: children(&closed_vec, CloseReason::ALL, CloseReason::label),
+            wire: WireMetrics {
+                batch_size: Histogram::with_opts(histogram(
+                    "pipeline_batch_size",
+                    "Queries (Sync messages) per socket write on shared connections.",
+                    pool,
+                    BATCH,
+                ))?,
+                round_trips_saved: IntCounter::with_opts(opts(
+                    "pipeline_round_trips_saved_total",
+                    "Queries written to a shared connection that already had a query in \
+                     flight, and so did not pay a round trip of their own.",
+                    pool,
+                ))?,
+                latency_saved: Counter::with_opts(opts(
+                    "pipeline_latency_saved_seconds_total",
+                    "Estimate: round trips saved times the round-trip estimate at the time; \
+                     the time these queries would have spent waiting for a round trip each.",
+                    pool,
+                ))?,
+                quarantined: children(
+                    &quarantined_vec,
+                    QuarantineReason::ALL,
+                    QuarantineReason::label,
+                ),
+            },
+            queries_vec,
+            durations_vec,
+            rejected_vec,
+            closed_vec,
+            quarantined_vec,
+        })
+    }
+
+    /// Records a finished query.
+    pub(crate) fn query(&self, mode: Mode, elapsed: Duration, result: Result<(), &Error>) {
+        self.queries[mode as usize][Outcome::of(result) as usize].inc();
+        self.durations[mode as usize].observe(elapsed.as_secs_f64());
+        if let Err(error) = result {
+            if let Some(reason) = Rejection::of(error.kind()) {
+                self.rejected[reason as usize].inc();
+            }
+            if mode == Mode::Pipelined && error.kind() == ErrorKind::ConnectionLost {
+                self.inflight_failed.inc();
+            }
+        }
+    }
+
+    pub(crate) fn closed(&self, reason: CloseReason) {
+        self.closed[reason as usize].inc();
+    }
+
+    /// Pipelined queries finished so far, however they ended.
+    fn pipelined_queries(&self) -> u64 {
+        self.queries[Mode::Pipelined as usize]
+            .iter()
+            .map(IntCounter::get)
+            .sum()
+    }
+}

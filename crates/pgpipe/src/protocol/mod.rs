@@ -1,0 +1,15 @@
+//! Bytes and SQL text: what the pool reads of the PostgreSQL protocol, and
+//! of the SQL it is given. Nothing here knows of the router or the pool.
+//!
+//! - [`framer`]: message boundaries, one direction at a time.
+//! - [`tap`]: the stream wrapper that feeds both directions to framers and
+//!   reports into the connection's state.
+//! - [`rtt`]: the round-trip estimate from solitary round trips.
+//! - [`sql_guard`]: the lexer-based guard that refuses session SQL on the
+//!   shared path.
+
+pub(crate) mod framer;
+mod lexer;
+pub(crate) mod rtt;
+pub(crate) mod sql_guard;
+pub(crate) mod tap;

@@ -1,0 +1,263 @@
+//! Seeing the wire: a stream wrapper that watches every byte a connection
+//! writes and reads.
+//!
+//! tokio-postgres takes any `AsyncRead + AsyncWrite` stream through
+//! [`Config::connect_raw`](tokio_postgres::Config::connect_raw). The pool
+//! hands it a [`TappedStream`], which walks the protocol's message frames
+//! (see [`framer`](super::framer)) and records:
+//!
+//! - how many `Sync` messages each socket write carried: the real batch size
+//!   of a pipeline, as the network sees it;
+//! - every `ReadyForQuery` and its transaction-status byte (`I` idle, `T` in a
+//!   transaction, `E` failed transaction): the ground truth for the pipeline
+//!   depth and for catching a shared connection that slipped into a
+//!   transaction;
+//! - `ParameterStatus` messages after start-up, which the server sends when a
+//!   reported setting (`TimeZone`, `application_name` …) changes: session
+//!   state that must not appear on a shared connection.
+//!
+//! A shared connection that shows either sign is quarantined at once, from
+//! inside the read: its [`ConnState`] takes no new query. The tap reports
+//! into the connection's state and the pool's [`PoolWire`], nothing else.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::framer::{Framer, Phase};
+use crate::conn::PoolWire;
+use crate::conn::state::ConnState;
+use crate::metrics::QuarantineReason;
+
+/// A stream that reports what crosses it to its [`ConnState`] and the
+/// pool's [`PoolWire`].
+#[derive(Debug)]
+pub(crate) struct TappedStream<S> {
+    inner: S,
+    state: Arc<ConnState>,
+    pool: Arc<PoolWire>,
+    outbound: Framer,
+    inbound: Framer,
+    /// A round trip being timed: when a write found the connection idle,
+    /// and the count of ReadyForQuery that answers its first query.
+    probe: Option<(Instant, u64)>,
+}
+
+impl<S> TappedStream<S> {
+    /// Wraps a plain (not yet TLS) stream whose first outbound bytes are the
+    /// start-up packet.
+    pub(crate) fn new(inner: S, state: Arc<ConnState>, pool: Arc<PoolWire>) -> TappedStream<S> {
+        TappedStream {
+            inner,
+            state,
+            pool,
+            outbound: Framer::new(Phase::Startup),
+            inbound: Framer::new(Phase::Typed),
+            probe: None,
+        }
+    }
+
+    /// The wrapped stream.
+    pub(crate) fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    fn observe_read(&mut self, mut bytes: &[u8]) {
+        let now = self.pool.ticks();
+        if self.state.last_progress_tick.load(Ordering::Relaxed) != now {
+            self.state.last_progress_tick.store(now, Ordering::Relaxed);
+        }
+        match (self.outbound.phase, bytes.first()) {
+            // The server's answer to an SSLRequest: `S` (or `G`), encryption
+            // follows and a tap above it sees the protocol; `N`, plaintext.
+            (Phase::Negotiating, Some(b'N')) => {
+                self.outbound.phase = Phase::Startup;
+                bytes = &bytes[1..];
+            }
+            (Phase::Negotiating, Some(_)) | (Phase::Opaque, _) => {
+                self.outbound.phase = Phase::Opaque;
+                self.inbound.phase = Phase::Opaque;
+            }
+            _ => {}
+        }
+        let (state, metrics) = (&self.state, &self.pool.metrics);
+        let quarantine = |reason: QuarantineReason| {
+            if state.quarantine(reason) {
+                if let Some(metrics) = metrics {
+                    metrics.wire.quarantined(reason);
+                }
+            }
+        };
+        let mut readies = 0;
+        self.inbound.feed(bytes, |message| match message.kind {
+            b'Z' => {
+                let status = message.first.unwrap_or(b'I');
+                state.tx_status.store(status, Ordering::Release);
+                readies += 1;
+                if status != b'I' {
+                    quarantine(QuarantineReason::Transaction);
+                }
+            }
+            // ParameterStatus before the first ReadyForQuery is start-up.
+            b'S' if state.readies.load(Ordering::Acquire) + readies > 0 => {
+                quarantine(QuarantineReason::SessionState);
+            }
+            _ => {}
+        });
+        if readies > 0 {
+            state
+                .last_ready_nanos
+                .store(self.pool.now_nanos(), Ordering::Relaxed);
+            let answered = state.readies.fetch_add(readies, Ordering::AcqRel) + readies;
+            if let Some((sent, awaited)) = self.probe {
+                if answered >= awaited {
+                    self.pool.rtt.sample(sent.elapsed());
+                    self.probe = None;
+                }
+            }
+        }
+    }
+
+    /// Before a write: if the connection is idle (and no round trip is being
+    /// timed), the time to time one from. Taken *before* the write, so that
+    /// the thread being preempted between the system call and the clock
+    /// read (milliseconds, on a busy host) can only make a sample longer,
+    /// which the estimate ignores, never shorter, which it would believe.
+    fn probe_start(&self) -> Option<Instant> {
+        let idle = self.state.requests.load(Ordering::Acquire)
+            == self.state.readies.load(Ordering::Acquire);
+        (idle && self.probe.is_none()).then(Instant::now)
+    }
+
+    fn observe_write(&mut self, bytes: &[u8], probe_start: Option<Instant>) {
+        // Requests are what the server answers with one ReadyForQuery
+        // each: a Sync ends an extended-protocol request (the pipelined
+        // queries); a simple Query (a `batch_execute`, the pool's own
+        // session reset) and the untyped start-up packet are requests too,
+        // but take no part in batching, and the start-up (several round
+        // trips of authentication) is no round-trip sample.
+        let (mut syncs, mut others) = (0, 0);
+        self.outbound.feed(bytes, |message| match message.kind {
+            b'S' => syncs += 1,
+            0 | b'Q' | b'F' => others += 1,
+            _ => {}
+        });
+        if others > 0 {
+            self.state.requests.fetch_add(others, Ordering::AcqRel);
+        }
+        if syncs == 0 {
+            return;
+        }
+        let before = self.state.requests.fetch_add(syncs, Ordering::AcqRel);
+        let idle = before == self.state.readies.load(Ordering::Acquire);
+        if let (true, Some(start)) = (idle, probe_start) {
+            self.probe = Some((start, before + 1));
+        }
+        if idle {
+            // Nothing was owed until now: the stall clock starts here.
+            let now = self.pool.ticks();
+            self.state.last_progress_tick.store(now, Ordering::Relaxed);
+            self.state
+                .last_ready_nanos
+                .store(self.pool.now_nanos(), Ordering::Relaxed);
+        }
+        if let Some(metrics) = &self.pool.metrics {
+            if self.state.is_shared() {
+                // The first query written to an idle connection pays a round
+                // trip; every other one rides along.
+                let saved = if idle { syncs - 1 } else { syncs };
+                metrics.wire.batch_size.observe(syncs as f64);
+                metrics.wire.round_trips_saved.inc_by(saved);
+                if let Some(rtt) = self.pool.rtt.estimate() {
+                    metrics
+                        .wire
+                        .latency_saved
+                        .inc_by(saved as f64 * rtt.as_secs_f64());
+                }
+            }
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = result {
+            let filled = &buf.filled()[before..];
+            if !filled.is_empty() {
+                self.observe_read(filled);
+            }
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for TappedStream<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let probe_start = self.probe_start();
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = result {
+            self.observe_write(&buf[..n], probe_start);
+        }
+        result
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::framer::SSL_REQUEST;
+
+    #[test]
+    fn a_refused_ssl_request_falls_back_to_plaintext() {
+        let state = Arc::new(ConnState::default());
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        let mut ssl = vec![0, 0, 0, 8];
+        ssl.extend_from_slice(&SSL_REQUEST.to_be_bytes());
+        tap.observe_write(&ssl, None);
+        tap.observe_read(b"N");
+        let startup = [0, 0, 0, 9, 0, 3, 0, 0, 0];
+        tap.observe_write(&startup, None);
+        tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']);
+        let requests = state.requests.load(Ordering::Relaxed);
+        assert_eq!((requests, state.readies.load(Ordering::Relaxed)), (1, 1));
+    }
+
+    #[test]
+    fn an_accepted_ssl_request_makes_the_raw_stream_opaque() {
+        let state = Arc::new(ConnState::default());
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        let mut ssl = vec![0, 0, 0, 8];
+        ssl.extend_from_slice(&SSL_REQUEST.to_be_bytes());
+        tap.observe_write(&ssl, None);
+        tap.observe_read(b"S\x16\x03\x03");
+        tap.observe_write(&[b'S', 0, 0, 0, 4], None);
+        assert_eq!(
+            state.requests.load(Ordering::Relaxed),
+            0,
+            "ciphertext is not parsed"
+        );
+    }
+}

@@ -1,0 +1,151 @@
+//! One query, end to end.
+//!
+//! ```text
+//! guard ─► closed? ─► pipelining off: check out ─► conn::run (deadline, cancel)
+//!                 └─► pipelining on:  costs say slow? ─► router.reserve (route or wait)
+//!                                      ─► batch window ─► conn::run (deadline: router.late)
+//!                                      ─► learn cost ─► retry if never sent ─► free the place
+//! ```
+//!
+//! Every public way to run one query ([`Pool::query`](crate::Pool::query)
+//! and its siblings, [`Slow`](crate::Slow), [`Executor`](crate::Executor)
+//! for the pool) lands in [`run`].
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_postgres::types::ToSql;
+
+use crate::answer::{Answer, Op};
+use crate::conn::run::{self, Prepare};
+use crate::error::{Error, ErrorKind};
+use crate::housekeeping;
+use crate::pool::PoolInner;
+use crate::protocol::sql_guard;
+use crate::shared::costs::{CostKey, Costs};
+
+/// How many times a query that never left the client (its connection died
+/// first) is run on another connection: twice more, so that one connection
+/// dying under a burst does not fail queries that never reached it, while a
+/// server that drops every connection fails them fast.
+const UNSENT_RETRIES: u32 = 2;
+
+/// Runs one query, with metrics; `slow` is the caller's word that it is slow.
+pub(crate) async fn run(
+    pool: &Arc<PoolInner>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    slow: bool,
+) -> Result<Answer, Error> {
+    let Some(metrics) = pool.metrics() else {
+        return run_unobserved(pool, sql, params, op, slow, None).await;
+    };
+    let start = Instant::now();
+    let result = run_unobserved(pool, sql, params, op, slow, Some(start)).await;
+    metrics.query(pool.mode(), start.elapsed(), result.as_ref().map(drop));
+    result
+}
+
+async fn run_unobserved(
+    pool: &Arc<PoolInner>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    slow: bool,
+    waiting: Option<Instant>,
+) -> Result<Answer, Error> {
+    sql_guard::check(sql)?;
+    if pool.is_closed() {
+        return Err(Error::closed());
+    }
+    housekeeping::start(pool);
+    if !pool.config().pipelining {
+        let conn = pool.checkout().await?;
+        pool.waited(waiting);
+        let target = conn.pg_conn().target();
+        return run::run_alone(target, sql, params, op, pool.run_settings()).await;
+    }
+    run_shared(pool, sql, params, op, slow, waiting).await
+}
+
+/// Runs a query on the shared path.
+async fn run_shared(
+    pool: &Arc<PoolInner>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    slow: bool,
+    waiting: Option<Instant>,
+) -> Result<Answer, Error> {
+    let router = pool.router();
+    let settings = pool.run_settings();
+    let cost = Cost::of(pool, sql, slow);
+    let mut attempts = 0;
+    loop {
+        let place = router.reserve(cost.is_slow()).await?;
+        let admitted = cost.clock();
+        if attempts == 0 {
+            pool.waited(waiting);
+        }
+        router.batch_window(&place).await;
+        let conn = &place.conn;
+        let prepare = Prepare::Spawned(conn);
+        let query = run::run(
+            conn.conn().target(),
+            prepare,
+            sql,
+            params,
+            op,
+            settings.limits,
+        );
+        let result =
+            run::within_deadline(settings.query_timeout, query, || router.late(conn)).await;
+        if result.is_ok() {
+            cost.learn(router.costs(), admitted);
+        }
+        if let Err(e) = &result {
+            if e.kind() == ErrorKind::ConnectionLost {
+                // The connection is going (a FATAL error arrives before the
+                // socket closes): hand no freed place on it to a waiting
+                // query, which would be lost with it.
+                router.retire(conn);
+            }
+        }
+        match result {
+            // Never sent: run it on another connection. Once sent, never again.
+            Err(e) if e.is_unsent() && attempts < UNSENT_RETRIES => attempts += 1,
+            result => return result,
+        }
+    }
+}
+
+/// What head-of-line-aware routing knows of one query: where its cost is
+/// learned, and whether it is slow. `None` with the feature off.
+#[derive(Clone, Copy)]
+struct Cost(Option<(CostKey, bool)>);
+
+impl Cost {
+    fn of(pool: &PoolInner, sql: &str, slow: bool) -> Cost {
+        Cost(pool.config().slow_query_threshold.map(|threshold| {
+            let key = Costs::key(sql);
+            (key, slow || pool.router().costs().is_slow(key, threshold))
+        }))
+    }
+
+    fn is_slow(self) -> bool {
+        self.0.is_some_and(|(_, slow)| slow)
+    }
+
+    /// When the query was admitted, if its cost is to be learned.
+    fn clock(self) -> Option<Instant> {
+        self.0.map(|_| Instant::now())
+    }
+
+    /// Records the run, from admission to answer.
+    fn learn(self, costs: &Costs, admitted: Option<Instant>) {
+        if let (Some((key, _)), Some(admitted)) = (self.0, admitted) {
+            costs.observe(key, admitted.elapsed());
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The shared path: connections that carry queries from many tasks at once,
+//! and the [`Router`] that owns them.
+//!
+//! Each shared connection keeps its own writer (tokio-postgres' connection
+//! task, see `conn::step_aside`); there is no pool-wide write loop. A query
+//! reads the current list of shared connections (one atomic load), picks one
+//! ([`route`]), and claims a place on it with one compare-and-swap on that
+//! connection's load word ([`admission`]). Only when nothing has room does a
+//! query touch the wait [`queue`]. Admission takes no lock, except to prune
+//! a retired connection from the list, which is rare.
+//!
+//! The router owns all of it: the set of shared connections, admission, the
+//! wait queue and its hand-off, routing, opening and retiring connections
+//! ([`open`]), learned costs ([`costs`]), the batch window
+//! ([`batch_window`]) and the housekeeping passes over shared connections
+//! ([`upkeep`]). It reads one thing it does not own: how many connections
+//! exclusive checkouts have claimed ([`Claims`]), which bounds how many it
+//! may hold.
+
+pub(crate) mod admission;
+mod batch_window;
+pub(crate) mod conn;
+pub(crate) mod costs;
+mod open;
+pub(crate) mod queue;
+pub(crate) mod route;
+mod upkeep;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use admission::Handoff;
+pub(crate) use admission::Place;
+pub(crate) use conn::SharedConn;
+use costs::Costs;
+use open::OpenFailure;
+use queue::WaitQueue;
+
+use crate::config::{PoolConfig, Routing};
+use crate::conn::{Manager, PoolWire};
+use crate::error::Error;
+use crate::exclusive::Claims;
+use crate::metrics::Metrics;
+
+/// The shared path's owner; see the module docs.
+pub(crate) struct Router {
+    config: PoolConfig,
+    /// Where connections come from, and go back to.
+    pg: deadpool::managed::Pool<Manager>,
+    /// The shared connections, oldest first.
+    conns: ArcSwap<Vec<Arc<SharedConn>>>,
+    /// Serializes changes to `conns` (rare: opens, retirements).
+    edit: Mutex<()>,
+    /// Connections being opened for the shared path.
+    opening: AtomicUsize,
+    /// Queries waiting for room.
+    queue: WaitQueue<Handoff>,
+    /// Whether a dispatch is running, and whether another was asked for
+    /// meanwhile (see [`admission`]).
+    dispatching: AtomicBool,
+    dispatch_again: AtomicBool,
+    /// The last failed open, while its back-off lasts.
+    failure: Mutex<Option<OpenFailure>>,
+    /// How long statements take, for head-of-line-aware routing.
+    costs: Costs,
+    /// Most pipelined queries in flight at once since the last scrape.
+    depth_high: AtomicU64,
+    /// What the connections' socket taps report, and the pool's clock.
+    wire: Arc<PoolWire>,
+    metrics: Option<Arc<Metrics>>,
+    /// Connections claimed by exclusive checkouts.
+    claims: Arc<Claims>,
+    closed: AtomicBool,
+}
+
+/// Shared connections, and queries on them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub(crate) conns: usize,
+    /// Admitted and not finished.
+    pub(crate) in_flight: usize,
+    /// Waiting for room.
+    pub(crate) waiting: usize,
+    /// Written and not yet answered.
+    pub(crate) wire_depth: u64,
+}
+
+impl Router {
+    pub(crate) fn new(
+        config: PoolConfig,
+        pg: deadpool::managed::Pool<Manager>,
+        wire: Arc<PoolWire>,
+        metrics: Option<Arc<Metrics>>,
+        claims: Arc<Claims>,
+    ) -> Router {
+        Router {
+            config,
+            pg,
+            conns: ArcSwap::default(),
+            edit: Mutex::new(()),
+            opening: AtomicUsize::new(0),
+            queue: WaitQueue::default(),
+            dispatching: AtomicBool::new(false),
+            dispatch_again: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            costs: Costs::default(),
+            depth_high: AtomicU64::new(0),
+            wire,
+            metrics,
+            claims,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Takes no more work: retires every shared connection (they close as
+    /// their queries finish) and fails every waiting query.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.retire_all();
+        self.queue.fail_all(Error::closed);
+    }
+
+    /// The learned costs of statements.
+    pub(crate) fn costs(&self) -> &Costs {
+        &self.costs
+    }
+
+    /// How many connections the shared path may hold now: what exclusive
+    /// users have not claimed.
+    fn shared_limit(&self) -> usize {
+        self.config.max_size.saturating_sub(self.claims.claimed())
+    }
+
+    fn rules(&self) -> route::Rules {
+        route::Rules {
+            max_depth: self.config.max_pipeline_depth as u64,
+            fill: self.config.routing == Routing::Fill,
+            hol: self.config.slow_query_threshold.is_some(),
+        }
+    }
+
+    /// Holds a query in its connection's batch window, if one is set and
+    /// the query found the connection busy; see [`batch_window`].
+    pub(crate) async fn batch_window(&self, place: &Place<'_>) {
+        let window = self.config.batch_window;
+        if place.ahead == 0 || window.is_zero() {
+            return;
+        }
+        let held = Instant::now();
+        place.conn.gate.pass(window, self.config.max_batch).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.flush_wait.observe(held.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Shared connections, and queries on them.
+    pub(crate) fn counts(&self) -> Counts {
+        let conns = self.conns.load();
+        Counts {
+            conns: conns.len(),
+            in_flight: conns.iter().map(|c| c.in_flight() as usize).sum(),
+            waiting: self.queue.len(),
+            wire_depth: conns.iter().map(|c| c.state().wire_depth()).sum(),
+        }
+    }
+
+    /// The most pipelined queries in flight at once since the last call,
+    /// which starts a new window at `now_in_flight`.
+    pub(crate) fn take_depth_high(&self, now_in_flight: u64) -> u64 {
+        self.depth_high.swap(now_in_flight, Ordering::AcqRel)
+    }
+
+    /// Raises the high-water mark of pipelined queries in flight (for the
+    /// metrics); written only when it rises.
+    fn note_depth(&self, in_flight: u64) {
+        if in_flight > self.depth_high.load(Ordering::Relaxed) {
+            self.depth_high.fetch_max(in_flight, Ordering::Relaxed);
+        }
+    }
+}
+
+impl std::fmt::Debug for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Router")
+            .field("conns", &self.conns.load().len())
+            .field("opening", &self.opening.load(Ordering::Relaxed))
+            .field("waiting", &self.queue.len())
+            .finish_non_exhaustive()
+    }
+}

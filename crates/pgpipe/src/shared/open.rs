@@ -1,0 +1,213 @@
+//! Opening connections for the shared path, and taking them out of it.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use deadpool::managed::{Object, Timeouts};
+use tokio::time::Instant;
+
+use super::{Router, SharedConn};
+use crate::conn::Manager;
+use crate::error::{Error, ErrorKind};
+use crate::metrics::CloseReason;
+use crate::sync::lock;
+
+/// A failed open: no new open starts until `retry_at`, and queries that
+/// find no shared connection fail at once with this error instead of
+/// hammering a server that is down.
+#[derive(Debug)]
+pub(super) struct OpenFailure {
+    retry_at: Instant,
+    backoff: Duration,
+    kind: ErrorKind,
+    message: String,
+}
+
+impl OpenFailure {
+    /// The error a query gets while the back-off lasts.
+    fn error(kind: ErrorKind, message: &str) -> Error {
+        Error::new(
+            kind,
+            format!("no shared connection could be opened: {message}"),
+        )
+    }
+}
+
+/// Back-off after failed opens: doubling from the first to the last.
+const BACKOFF_FIRST: Duration = Duration::from_millis(25);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+impl Router {
+    /// The error of the last failed open, while its back-off lasts.
+    pub(super) fn open_backoff(&self) -> Option<Error> {
+        let failure = lock(&self.failure);
+        let failure = failure.as_ref()?;
+        (Instant::now() < failure.retry_at)
+            .then(|| OpenFailure::error(failure.kind, &failure.message))
+    }
+
+    fn record_open(&self, result: Result<(), &Error>) {
+        let mut failure = lock(&self.failure);
+        *failure = match result {
+            Ok(()) => None,
+            Err(error) => {
+                let backoff = failure
+                    .as_ref()
+                    .map_or(BACKOFF_FIRST, |f| (f.backoff * 2).min(BACKOFF_MAX));
+                Some(OpenFailure {
+                    retry_at: Instant::now() + backoff,
+                    backoff,
+                    kind: error.kind(),
+                    message: error.detail(),
+                })
+            }
+        };
+    }
+
+    /// Starts opening one more shared connection, unless that would exceed
+    /// the limit or a recent open failed.
+    pub(super) fn spawn_open(self: &Arc<Self>) {
+        if self.open_backoff().is_some() {
+            return;
+        }
+        let live = self.conns.load().len();
+        let limit = self.shared_limit();
+        // Connections already being opened will take `max_pipeline_depth`
+        // queries each: open another only if the waiters need more.
+        let wanted = self.queue.len() + 1;
+        let depth = self.config.max_pipeline_depth;
+        let claimed = self
+            .opening
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |opening| {
+                (live + opening < limit && opening * depth < wanted).then_some(opening + 1)
+            });
+        if claimed.is_err() {
+            return;
+        }
+        // Dropping a checkout or a place may land here outside any runtime;
+        // then the next query opens the connection instead.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let router = Arc::clone(self);
+                runtime.spawn(async move { router.open_shared().await });
+            }
+            Err(_) => {
+                self.opening.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    async fn open_shared(self: Arc<Self>) {
+        let timeouts = Timeouts {
+            wait: Some(self.config.wait_timeout),
+            create: None, // the connect timeout lives in the connection config
+            recycle: Some(self.config.wait_timeout),
+        };
+        let result = match self.pg.timeout_get(&timeouts).await {
+            Ok(object) => self.make_shared(object).await,
+            Err(e) => Err(Error::from_pool(e, "a connection for the shared path")),
+        };
+        match result {
+            Ok(Some(conn)) => {
+                self.record_open(Ok(()));
+                {
+                    let _edit = lock(&self.edit);
+                    let mut conns = Vec::clone(&self.conns.load());
+                    conns.push(conn);
+                    self.conns.store(Arc::new(conns));
+                }
+                self.opening.fetch_sub(1, Ordering::AcqRel);
+            }
+            Ok(None) => {
+                self.opening.fetch_sub(1, Ordering::AcqRel);
+            }
+            Err(error) => {
+                self.record_open(Err(&error));
+                self.opening.fetch_sub(1, Ordering::AcqRel);
+                // With no connection to wait for, waiting queries learn now
+                // why, instead of at their timeout.
+                if self.conns.load().is_empty() {
+                    let (kind, message) = (error.kind(), error.detail());
+                    self.queue.fail_all(|| OpenFailure::error(kind, &message));
+                }
+            }
+        }
+        if self.is_closed() {
+            self.retire_all();
+        }
+        self.dispatch();
+    }
+
+    /// Readies a connection from deadpool for sharing: cleans the session an
+    /// exclusive user may have left, then marks it shared. `None` when it is
+    /// no longer wanted (an exclusive user claimed the room meanwhile).
+    async fn make_shared(&self, object: Object<Manager>) -> Result<Option<Arc<SharedConn>>, Error> {
+        if self.conns.load().len() >= self.shared_limit() {
+            return Ok(None); // dropping it hands it to the waiting get()
+        }
+        if object.state.needs_reset.load(Ordering::Acquire) {
+            if let Err(e) = object.reset_session().await {
+                // Never share a session that could not be cleaned.
+                let conn = Object::take(object);
+                conn.closing(CloseReason::ResetFailed);
+                return Err(e);
+            }
+        }
+        Ok(Some(Arc::new(SharedConn::new(object, self.wire.ticks()))))
+    }
+
+    /// Takes `conn` out of routing; it returns to deadpool when its last
+    /// query finishes.
+    pub(crate) fn retire(&self, conn: &SharedConn) {
+        conn.state().load.close();
+        self.prune();
+    }
+
+    /// Drops closed connections from the routing list.
+    pub(crate) fn prune(&self) {
+        let _edit = lock(&self.edit);
+        let conns = self.conns.load();
+        if conns.iter().any(|c| c.load().is_closed()) {
+            let open: Vec<_> = conns
+                .iter()
+                .filter(|c| !c.load().is_closed())
+                .cloned()
+                .collect();
+            self.conns.store(Arc::new(open));
+        }
+    }
+
+    /// Retires the least loaded shared connections until the shared path
+    /// fits its limit, so that a waiting `get()` is served.
+    pub(crate) fn rebalance(&self) {
+        loop {
+            let conns = self.conns.load();
+            if conns.len() <= self.shared_limit() {
+                return;
+            }
+            match conns.iter().min_by_key(|c| c.in_flight()) {
+                Some(conn) => self.retire(conn),
+                None => return,
+            }
+        }
+    }
+
+    /// Returns shared connections that have been idle for `idle_ticks` ticks
+    /// of the pool clock to deadpool.
+    pub(super) fn retire_idle(&self, idle_ticks: u64) {
+        let now = self.wire.ticks();
+        let conns = self.conns.load();
+        for conn in conns.iter().filter(|c| c.idle_for(now, idle_ticks)) {
+            self.retire(conn);
+        }
+    }
+
+    pub(super) fn retire_all(&self) {
+        let conns = self.conns.load();
+        for conn in conns.iter() {
+            conn.state().load.close();
+        }
+        self.prune();
+    }
+}

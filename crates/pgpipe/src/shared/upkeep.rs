@@ -1,0 +1,116 @@
+//! The router's part of the pool's housekeeping tick, and what it does with
+//! a query that ran out of time on a shared connection.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{Router, SharedConn};
+use crate::conn::PgConn;
+use crate::metrics::CloseReason;
+
+/// A shared connection with nothing in flight for this many ticks goes back
+/// to the idle pool.
+const SHARED_IDLE_TICKS: u64 = 10;
+
+/// A duration in ticks of `tick`, rounded up; saturating.
+fn ticks(duration: Duration, tick: Duration) -> u64 {
+    u64::try_from(duration.as_nanos().div_ceil(tick.as_nanos().max(1))).unwrap_or(u64::MAX)
+}
+
+impl Router {
+    /// One housekeeping tick of the shared path: starts a new window for the
+    /// learned costs every `rotate` ticks, kills stalled connections, retires
+    /// expired and idle ones, fits the shared path to its limit, and
+    /// dispatches waiters as a safety net (they are normally admitted the
+    /// moment room appears).
+    pub(crate) fn tick(self: &Arc<Self>, tick: Duration, rotate: bool) {
+        if rotate {
+            self.costs.rotate();
+        }
+        self.watch_stalls(tick);
+        self.expire(tick);
+        self.prune();
+        self.rebalance();
+        self.retire_idle(SHARED_IDLE_TICKS);
+        self.dispatch();
+    }
+
+    /// A query ran out of time on a shared connection. Whatever holds it up
+    /// would hold up new queries too: route no more work there. A cancel
+    /// request hits whatever the backend runs, so send one only if this
+    /// query is the only one in flight there; else let it finish, its
+    /// answer discarded (tokio-postgres reads past it).
+    pub(crate) fn late(&self, conn: &SharedConn) {
+        let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
+        self.retire(conn);
+        if alone {
+            conn.conn().cancel();
+        }
+    }
+
+    /// The no-progress watchdog: kills shared connections that owe answers
+    /// and have received nothing for `stall_timeout` (a stalled network, a
+    /// stopped backend). Their queries fail with `ConnectionLost` at once
+    /// instead of hanging, and the connection is never handed out again.
+    fn watch_stalls(&self, tick: Duration) {
+        let Some(stall) = self.config.stall_timeout else {
+            return;
+        };
+        let limit = ticks(stall, tick);
+        let now = self.wire.ticks();
+        // Shared connections, and retired or returned ones still owing
+        // answers; never one checked out with `get()`.
+        for state in self.wire.states() {
+            let silent = now.saturating_sub(state.last_progress_tick.load(Ordering::Relaxed));
+            let exclusive = state.exclusive.load(Ordering::Acquire);
+            if !exclusive && state.wire_depth() > 0 && silent >= limit && !state.is_dead() {
+                state.kill(CloseReason::Stalled, self.metrics.as_deref());
+            }
+        }
+        self.prune();
+    }
+
+    /// Retires shared connections past `max_lifetime` (they drain, then
+    /// close), and closes idle ones past it or past `idle_timeout`.
+    fn expire(&self, tick: Duration) {
+        let conns = self.conns.load();
+        for conn in conns.iter().filter(|c| c.conn().is_expired()) {
+            self.retire(conn);
+        }
+        let idle_limit = self.config.idle_timeout.map(|idle| ticks(idle, tick));
+        let now = self.wire.ticks();
+        let idle_too_long = |conn: &PgConn| {
+            idle_limit.is_some_and(|limit| {
+                now.saturating_sub(conn.state.returned_tick.load(Ordering::Relaxed)) >= limit
+            })
+        };
+        let removed = self
+            .pg
+            .retain(|conn, _| !(conn.is_expired() || idle_too_long(conn)));
+        for conn in removed.removed {
+            conn.closing(if conn.is_expired() {
+                CloseReason::MaxLifetime
+            } else {
+                CloseReason::Idle
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_become_whole_ticks_without_overflow() {
+        let tick = Duration::from_millis(100);
+        assert_eq!(ticks(Duration::from_millis(250), tick), 3);
+        assert_eq!(ticks(Duration::from_millis(100), tick), 1);
+        assert_eq!(
+            ticks(Duration::MAX, tick),
+            u64::MAX,
+            "saturates, never wraps to 0"
+        );
+    }
+}

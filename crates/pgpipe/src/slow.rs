@@ -1,0 +1,67 @@
+//! [`Slow`]: a handle whose queries the router treats as slow.
+
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::answer::Op;
+use crate::error::Error;
+use crate::executor;
+use crate::pool::Pool;
+
+/// Queries the caller knows to be slow; see [`Pool::slow`].
+#[derive(Debug, Clone, Copy)]
+pub struct Slow<'a> {
+    pool: &'a Pool,
+}
+
+impl Slow<'_> {
+    pub(crate) fn new(pool: &Pool) -> Slow<'_> {
+        Slow { pool }
+    }
+
+    /// As [`Pool::query`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query`].
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        let answer = self.pool.run(sql, params, Op::Query, true).await?;
+        Ok(answer.into_rows())
+    }
+
+    /// As [`Pool::query_one`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query_one`].
+    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
+        executor::exactly_one(self.query(sql, params).await?)
+    }
+
+    /// As [`Pool::query_opt`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query_opt`].
+    pub async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, Error> {
+        executor::at_most_one(self.query(sql, params).await?)
+    }
+
+    /// As [`Pool::execute`], marked slow.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::execute`].
+    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        let answer = self.pool.run(sql, params, Op::Execute, true).await?;
+        Ok(answer.rows_affected())
+    }
+}
