@@ -32,48 +32,49 @@ use tokio_postgres::Statement;
 use crate::sync::{read_lock, write_lock};
 
 /// What a prepare produced, as handed to every task waiting for it.
-pub(crate) type Prepared = Result<Statement, Arc<tokio_postgres::Error>>;
+pub(crate) type Prepared<S = Statement> = Result<S, Arc<tokio_postgres::Error>>;
 
-/// A statement cache; see the module docs.
-pub(crate) struct StatementCache {
+/// A statement cache; see the module docs. Generic over what it caches
+/// only so that its bookkeeping can be unit-tested without a server.
+pub(crate) struct StatementCache<S = Statement> {
     capacity: usize,
-    entries: RwLock<FxHashMap<Arc<str>, Entry>>,
+    entries: RwLock<FxHashMap<Arc<str>, Entry<S>>>,
     clock: AtomicU64,
     generations: AtomicU64,
 }
 
-struct Entry {
+struct Entry<S> {
     generation: u64,
     last_used: AtomicU64,
-    slot: Slot,
+    state: EntryState<S>,
 }
 
-enum Slot {
-    Ready(Statement),
-    Pending(watch::Receiver<Option<Prepared>>),
+enum EntryState<S> {
+    Ready(S),
+    Pending(watch::Receiver<Option<Prepared<S>>>),
 }
 
 /// The answer to a lookup.
-pub(crate) enum Lookup {
+pub(crate) enum Lookup<S = Statement> {
     /// Cached; the `u64` identifies this entry for [`StatementCache::invalidate`].
-    Ready(Statement, u64),
+    Ready(S, u64),
     /// Another task is preparing it: wait with [`wait`]. The `u64` is as for
     /// `Ready`.
-    Pending(watch::Receiver<Option<Prepared>>, u64),
+    Pending(watch::Receiver<Option<Prepared<S>>>, u64),
     /// Nobody has it: prepare it and [`complete`](StatementCache::complete).
-    Miss(Ticket),
+    Miss(Ticket<S>),
 }
 
 /// The right, and the duty, to prepare one SQL text for the cache.
-pub(crate) struct Ticket {
-    cache: Arc<StatementCache>,
+pub(crate) struct Ticket<S = Statement> {
+    cache: Arc<StatementCache<S>>,
     sql: Arc<str>,
     generation: u64,
-    sender: Option<watch::Sender<Option<Prepared>>>,
+    sender: Option<watch::Sender<Option<Prepared<S>>>>,
 }
 
-impl StatementCache {
-    pub(crate) fn new(capacity: usize) -> Arc<StatementCache> {
+impl<S> StatementCache<S> {
+    pub(crate) fn new(capacity: usize) -> Arc<StatementCache<S>> {
         Arc::new(StatementCache {
             capacity: capacity.max(1),
             entries: RwLock::new(FxHashMap::default()),
@@ -83,7 +84,10 @@ impl StatementCache {
     }
 
     /// Looks `sql` up, registering a pending entry on a miss.
-    pub(crate) fn lookup(self: &Arc<Self>, sql: &str) -> Lookup {
+    pub(crate) fn lookup(self: &Arc<Self>, sql: &str) -> Lookup<S>
+    where
+        S: Clone,
+    {
         let now = self.clock.fetch_add(1, Ordering::Relaxed);
         {
             let entries = read_lock(&self.entries);
@@ -103,7 +107,7 @@ impl StatementCache {
             Entry {
                 generation,
                 last_used: AtomicU64::new(now),
-                slot: Slot::Pending(receiver),
+                state: EntryState::Pending(receiver),
             },
         );
         Lookup::Miss(Ticket {
@@ -116,7 +120,10 @@ impl StatementCache {
 
     /// Stores the result of a prepare and hands it to the waiters. A failed
     /// prepare is not cached: the next lookup tries again.
-    pub(crate) fn complete(&self, mut ticket: Ticket, result: Prepared) -> u64 {
+    pub(crate) fn complete(&self, mut ticket: Ticket<S>, result: Prepared<S>) -> u64
+    where
+        S: Clone,
+    {
         {
             let mut entries = write_lock(&self.entries);
             let ours =
@@ -125,7 +132,7 @@ impl StatementCache {
                 match &result {
                     Ok(statement) => {
                         if let Some(entry) = entries.get_mut(&ticket.sql) {
-                            entry.slot = Slot::Ready(statement.clone());
+                            entry.state = EntryState::Ready(statement.clone());
                         }
                         self.evict_beyond_capacity(&mut entries);
                     }
@@ -155,19 +162,19 @@ impl StatementCache {
         let entries = read_lock(&self.entries);
         entries
             .values()
-            .filter(|e| matches!(e.slot, Slot::Ready(_)))
+            .filter(|e| matches!(e.state, EntryState::Ready(_)))
             .count()
     }
 
-    fn evict_beyond_capacity(&self, entries: &mut FxHashMap<Arc<str>, Entry>) {
+    fn evict_beyond_capacity(&self, entries: &mut FxHashMap<Arc<str>, Entry<S>>) {
         let mut ready = entries
             .values()
-            .filter(|e| matches!(e.slot, Slot::Ready(_)))
+            .filter(|e| matches!(e.state, EntryState::Ready(_)))
             .count();
         while ready > self.capacity {
             let oldest = entries
                 .iter()
-                .filter(|(_, e)| matches!(e.slot, Slot::Ready(_)))
+                .filter(|(_, e)| matches!(e.state, EntryState::Ready(_)))
                 .min_by_key(|(_, e)| e.last_used.load(Ordering::Relaxed))
                 .map(|(sql, _)| Arc::clone(sql));
             match oldest {
@@ -181,24 +188,24 @@ impl StatementCache {
     }
 }
 
-impl Entry {
-    fn answer(&self, now: u64) -> Lookup {
+impl<S: Clone> Entry<S> {
+    fn answer(&self, now: u64) -> Lookup<S> {
         self.last_used.store(now, Ordering::Relaxed);
-        match &self.slot {
-            Slot::Ready(statement) => Lookup::Ready(statement.clone(), self.generation),
-            Slot::Pending(receiver) => Lookup::Pending(receiver.clone(), self.generation),
+        match &self.state {
+            EntryState::Ready(statement) => Lookup::Ready(statement.clone(), self.generation),
+            EntryState::Pending(receiver) => Lookup::Pending(receiver.clone(), self.generation),
         }
     }
 }
 
-impl Ticket {
+impl<S> Ticket<S> {
     /// The SQL this ticket prepares.
     pub(crate) fn sql(&self) -> &str {
         &self.sql
     }
 }
 
-impl Drop for Ticket {
+impl<S> Drop for Ticket<S> {
     fn drop(&mut self) {
         if self.sender.is_some() {
             // Never completed: its task was cancelled. Remove the pending
@@ -210,7 +217,9 @@ impl Drop for Ticket {
 
 /// Waits for another task's prepare. `None` means that task was cancelled
 /// and the caller should look up again.
-pub(crate) async fn wait(mut receiver: watch::Receiver<Option<Prepared>>) -> Option<Prepared> {
+pub(crate) async fn wait<S: Clone>(
+    mut receiver: watch::Receiver<Option<Prepared<S>>>,
+) -> Option<Prepared<S>> {
     let answer = match receiver.wait_for(Option::is_some).await {
         Ok(value) => value.clone(),
         Err(_) => None,
@@ -219,7 +228,7 @@ pub(crate) async fn wait(mut receiver: watch::Receiver<Option<Prepared>>) -> Opt
     answer.or_else(|| receiver.borrow().clone())
 }
 
-impl fmt::Debug for StatementCache {
+impl<S> fmt::Debug for StatementCache<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StatementCache")
             .field("capacity", &self.capacity)
@@ -228,10 +237,85 @@ impl fmt::Debug for StatementCache {
     }
 }
 
-impl fmt::Debug for Ticket {
+impl<S> fmt::Debug for Ticket<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Ticket")
             .field("generation", &self.generation)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stands in for a prepared statement: which prepare made it.
+    type Cache = StatementCache<u32>;
+
+    fn ready(cache: &Arc<Cache>, sql: &str) -> Option<(u32, u64)> {
+        match cache.lookup(sql) {
+            Lookup::Ready(statement, generation) => Some((statement, generation)),
+            _ => None,
+        }
+    }
+
+    fn prepare(cache: &Arc<Cache>, sql: &str, statement: u32) -> u64 {
+        match cache.lookup(sql) {
+            Lookup::Miss(ticket) => cache.complete(ticket, Ok(statement)),
+            _ => panic!("{sql} was expected to miss"),
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_prepare_once_and_share_the_result() {
+        let cache = Cache::new(8);
+        let Lookup::Miss(ticket) = cache.lookup("SELECT 1") else {
+            panic!("first lookup misses")
+        };
+        let Lookup::Pending(receiver, _) = cache.lookup("SELECT 1") else {
+            panic!("second lookup waits for the first")
+        };
+        let waiter = tokio::spawn(wait(receiver));
+        cache.complete(ticket, Ok(7));
+        assert_eq!(waiter.await.unwrap().unwrap().unwrap(), 7);
+        assert_eq!(ready(&cache, "SELECT 1").map(|(s, _)| s), Some(7));
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_preparer_wakes_its_waiters_to_look_again() {
+        let cache = Cache::new(8);
+        let Lookup::Miss(ticket) = cache.lookup("SELECT 1") else {
+            panic!("first lookup misses")
+        };
+        let Lookup::Pending(receiver, _) = cache.lookup("SELECT 1") else {
+            panic!("second lookup waits")
+        };
+        drop(ticket); // its task was cancelled
+        assert!(wait(receiver).await.is_none(), "told to look again");
+        assert!(matches!(cache.lookup("SELECT 1"), Lookup::Miss(_)));
+    }
+
+    #[test]
+    fn the_least_recently_used_statement_is_evicted_past_capacity() {
+        let cache = Cache::new(2);
+        prepare(&cache, "a", 1);
+        prepare(&cache, "b", 2);
+        assert!(ready(&cache, "a").is_some()); // "b" is now the oldest
+        prepare(&cache, "c", 3);
+        assert_eq!(cache.len(), 2);
+        assert!(ready(&cache, "b").is_none(), "evicted");
+        assert!(ready(&cache, "a").is_some() && ready(&cache, "c").is_some());
+    }
+
+    #[test]
+    fn invalidation_drops_only_the_generation_it_names() {
+        let cache = Cache::new(8);
+        let old = prepare(&cache, "SELECT *", 1);
+        cache.invalidate("SELECT *", old);
+        let new = prepare(&cache, "SELECT *", 2);
+        assert_ne!(old, new);
+        // A late invalidation of the old plan leaves the new one alone.
+        cache.invalidate("SELECT *", old);
+        assert_eq!(ready(&cache, "SELECT *"), Some((2, new)));
     }
 }
