@@ -8,6 +8,11 @@ use pgpipe_test_support::{database_url, unique, url_with_app, with_param};
 use prometheus::Registry;
 use prometheus::proto::{MetricFamily, MetricType};
 
+/// Held by the test that measures this process's memory and by the test that
+/// allocates a lot of it at once (a 1 GiB request), so that the first does
+/// not count the second's: tests in one binary share the process.
+pub(crate) static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A fresh application name, to find this test's backends by.
 pub(crate) fn app(test: &str) -> String {
     unique(test)
