@@ -120,7 +120,7 @@ impl Scrape {
             .sum()
     }
 
-    #[allow(dead_code)] // used by the `truth` tests
+    /// The number of observations in the histogram `name`, over all series.
     pub(crate) fn histogram_count(&self, name: &str) -> u64 {
         self.family(name)
             .unwrap_or_else(|| panic!("{name} is exported"))
@@ -129,6 +129,17 @@ impl Scrape {
             .map(|m| m.get_histogram().get_sample_count())
             .sum()
     }
+}
+
+/// Mean observation of the histogram `name`: its sum over its count (0 when
+/// it has none). For `pgpipe_pipeline_batch_size`, the mean queries per
+/// write on the wire.
+pub(crate) fn histogram_mean(scrape: &Scrape, name: &str) -> f64 {
+    let count = scrape.histogram_count(name);
+    if count == 0 {
+        return 0.0;
+    }
+    scrape.value(name, &[]) / count as f64
 }
 
 /// The path of `promtool`, found on `PATH`.
