@@ -13,6 +13,7 @@ mod hygiene;
 mod lifecycle;
 mod metrics;
 mod overload;
+mod quarantine;
 mod restart;
 mod routing;
 mod sessions;
