@@ -23,3 +23,4 @@ mod storm;
 mod support;
 mod timeouts;
 mod tls;
+mod wire_batching;
