@@ -54,6 +54,7 @@ async fn wrong_parameters_and_invalid_sql_are_clear_errors() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_over_the_servers_limit_is_refused_before_it_is_sent() {
+    let _memory = crate::support::MEMORY.lock().await;
     let app = crate::support::app("huge");
     let pool = builder(&app)
         .max_size(1)

@@ -8,7 +8,7 @@ use prometheus::Registry;
 use prometheus::proto::MetricType;
 use promql_parser::parser::{self, Expr};
 
-use crate::support::{app, builder};
+use crate::support::{app, builder, promtool};
 
 fn repo_file(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -151,11 +151,7 @@ async fn every_expression_parses_and_names_exported_metrics() {
 
 #[test]
 fn promtool_accepts_the_rules() {
-    let Some(promtool) = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|dir| dir.join("promtool"))
-        .find(|p| p.exists())
-    else {
-        eprintln!("promtool is not installed; skipping `promtool check rules`");
+    let Some(promtool) = promtool() else {
         return;
     };
     let output = std::process::Command::new(promtool)

@@ -118,9 +118,11 @@ async fn close_refuses_new_work_at_once_and_lets_running_queries_finish() {
         ErrorKind::Closed
     );
     assert_eq!(pool.get().await.unwrap_err().kind(), ErrorKind::Closed);
+    // At once, not after the 20 s wait_timeout (a bound load cannot reach).
     assert!(
-        start.elapsed() < Duration::from_millis(50),
-        "refused at once"
+        start.elapsed() < Duration::from_secs(5),
+        "refused at once, not after waiting: {:?}",
+        start.elapsed()
     );
     for (i, query) in running.into_iter().enumerate() {
         let row = tokio::time::timeout(Duration::from_secs(10), query)

@@ -8,7 +8,7 @@ use std::time::Duration;
 use pgpipe::Pool;
 use prometheus::{Encoder, Registry, TextEncoder};
 
-use crate::support::{Scrape, app, builder, echo_load, settle};
+use crate::support::{Scrape, app, builder, echo_load, promtool, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn depth_stays_non_negative_and_returns_to_zero() {
@@ -105,8 +105,7 @@ async fn a_real_scrape_passes_promtool() {
     TextEncoder::new()
         .encode(&registry.gather(), &mut text)
         .unwrap();
-    let Some(promtool) = which("promtool") else {
-        eprintln!("promtool is not installed; skipping `promtool check metrics`");
+    let Some(promtool) = promtool() else {
         return;
     };
     let mut child = std::process::Command::new(promtool)
@@ -125,10 +124,4 @@ async fn a_real_scrape_passes_promtool() {
         output.status.success() && report.trim().is_empty(),
         "promtool: {report}"
     );
-}
-
-fn which(program: &str) -> Option<std::path::PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(program))
-        .find(|p| p.exists())
 }

@@ -1,6 +1,8 @@
 //! Far more work than the pool can take: it refuses or waits within its
 //! bounds, memory stays bounded, and it recovers.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pgpipe::ErrorKind;
@@ -8,18 +10,31 @@ use prometheus::Registry;
 
 use crate::support::{Scrape, app, builder, settle};
 
-/// This process's resident set size, from /proc.
+/// How much this run may grow the process's resident set at its peak. The
+/// README's "26 MiB" for 10,000 tasks is the RSS once they are done;
+/// sampled while they are alive (debug build, this 2-core machine) the
+/// growth measured 30 to 64 MiB, so 96 MiB leaves honest headroom (the
+/// bound was 256 MiB, and measured only after the run).
+const MEMORY_BOUND: u64 = 96 << 20;
+
+/// This process's resident set size, from /proc. Linux only: elsewhere the
+/// test fails here rather than compare zeros.
 fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let status = std::fs::read_to_string("/proc/self/status")
+        .expect("/proc/self/status: this test measures memory on Linux only");
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+        .map(|kb| kb * 1024)
+        .filter(|&bytes| bytes > 0)
+        .expect("a VmRSS line in /proc/self/status")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_waiting_tasks_are_bounded_and_the_pool_recovers() {
+    // No other test's big allocation counted as ours.
+    let _memory = crate::support::MEMORY.lock().await;
     let registry = Registry::new();
     let pool = builder(&app("overload"))
         .max_size(2)
@@ -33,6 +48,19 @@ async fn ten_thousand_waiting_tasks_are_bounded_and_the_pool_recovers() {
         .unwrap();
     pool.query_one("SELECT pg_sleep(0)", &[]).await.unwrap();
     let rss_before = rss_bytes();
+    // The peak while the tasks are alive, sampled every 5 ms.
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let sampling = Arc::clone(&sampling);
+        tokio::spawn(async move {
+            let mut peak = rss_bytes();
+            while sampling.load(Ordering::Relaxed) {
+                peak = peak.max(rss_bytes());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            peak.max(rss_bytes())
+        })
+    };
     let start = Instant::now();
     let tasks: Vec<_> = (0..10_000)
         .map(|_| {
@@ -55,13 +83,17 @@ async fn ten_thousand_waiting_tasks_are_bounded_and_the_pool_recovers() {
         }
         longest = longest.max(took);
     }
-    let rss_peak = rss_bytes();
+    sampling.store(false, Ordering::Relaxed);
+    let rss_peak = sampler.await.unwrap();
+    let growth = rss_peak.saturating_sub(rss_before);
     eprintln!(
         "10000 tasks in {:?}: {ok} answered, {full} refused (queue full), {timeout} timed out; \
-         longest {longest:?}; RSS {} -> {} MiB",
+         longest {longest:?}; RSS {:.1} -> {:.1} MiB peak (+{:.1} MiB), {:.1} MiB after",
         start.elapsed(),
-        rss_before >> 20,
-        rss_peak >> 20
+        rss_before as f64 / f64::from(1 << 20),
+        rss_peak as f64 / f64::from(1 << 20),
+        growth as f64 / f64::from(1 << 20),
+        rss_bytes() as f64 / f64::from(1 << 20),
     );
     assert_eq!(ok + full + timeout, 10_000);
     assert!(full > 0, "the queue's bound was reached");
@@ -70,7 +102,12 @@ async fn ten_thousand_waiting_tasks_are_bounded_and_the_pool_recovers() {
         longest < Duration::from_secs(3),
         "waits end within their deadline"
     );
-    assert!(rss_peak < rss_before + (256 << 20), "memory stays bounded");
+    assert!(
+        growth < MEMORY_BOUND,
+        "memory stays bounded: RSS grew by {} MiB, bound {} MiB",
+        growth >> 20,
+        MEMORY_BOUND >> 20
+    );
     let scrape = Scrape::of(&registry);
     let rejected =
         |reason: &str| scrape.value("pgpipe_pipeline_rejected_total", &[("reason", reason)]) as u64;

@@ -1,70 +1,144 @@
-//! Pipelining through a real round trip: throughput above what one query
-//! per connection per round trip allows.
+//! Routing on the shared path: pipelining carries many concurrent queries on
+//! few connections and many queries per round trip, `Routing::Fill` keeps
+//! to the fewest connections and `Routing::Spread` spreads. Everything here
+//! is counted (connections, backends, Syncs per write, round trips), never
+//! timed, so a busy machine cannot fail it.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
-use crate::support::{app, builder_via, proxy, settle};
+use pgpipe::{Pool, Routing};
+use prometheus::Registry;
+
+use crate::support::{Scrape, app, builder, builder_via, histogram_mean, proxy, settle};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_connections_beat_two_per_round_trip_by_far() {
+async fn many_concurrent_queries_share_two_connections_and_their_round_trips() {
     let proxy = proxy(Duration::from_micros(500)); // 1 ms round trip
+    let registry = Registry::new();
     let pool = builder_via(&proxy, &app("routing"))
         .max_size(2)
         .max_exclusive(1)
         .pipelining(true)
+        .registry(&registry)
         .build()
         .unwrap();
-    // The round trip as one query sees it.
-    pool.query_one("SELECT 1", &[]).await.unwrap();
-    let mut rtts = Vec::new();
-    for _ in 0..20 {
-        let start = Instant::now();
-        pool.query_one("SELECT 1", &[]).await.unwrap();
-        rtts.push(start.elapsed());
-    }
-    rtts.sort();
-    let rtt = rtts[rtts.len() / 2];
-    assert!(
-        rtt >= Duration::from_millis(1),
-        "the proxy adds its delay: {rtt:?}"
-    );
-
-    let done = Arc::new(AtomicU64::new(0));
-    let run_for = Duration::from_secs(2);
-    let start = Instant::now();
-    let mut handles = Vec::new();
-    for task in 0..256i64 {
-        let (pool, done) = (pool.clone(), Arc::clone(&done));
-        handles.push(tokio::spawn(async move {
-            let mut i = 0;
-            while start.elapsed() < run_for {
-                let id = task * 1_000_000 + i;
-                let row = pool.query_one("SELECT $1::int8", &[&id]).await.unwrap();
-                assert_eq!(row.get::<_, i64>(0), id);
-                done.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-        }));
-    }
+    let (tasks, per_task) = (256i64, 20i64);
+    let queries = (tasks * per_task) as u64;
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut pids = BTreeSet::new();
+                for i in 0..per_task {
+                    let id = task * 1_000_000 + i;
+                    let row = pool
+                        .query_one("SELECT $1::int8, pg_backend_pid()", &[&id])
+                        .await
+                        .unwrap();
+                    assert_eq!(row.get::<_, i64>(0), id);
+                    pids.insert(row.get::<_, i32>(1));
+                }
+                pids
+            })
+        })
+        .collect();
+    let mut pids = BTreeSet::new();
     for handle in handles {
-        handle.await.unwrap();
+        pids.extend(handle.await.unwrap());
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    let qps = done.load(Ordering::Relaxed) as f64 / elapsed;
-    let unpipelined_ceiling = 2.0 / rtt.as_secs_f64();
-    eprintln!(
-        "rtt {rtt:?}: {qps:.0} qps against a ceiling of {unpipelined_ceiling:.0} without pipelining"
-    );
-    assert!(
-        qps > 5.0 * unpipelined_ceiling,
-        "{qps:.0} qps is not far above {unpipelined_ceiling:.0}"
-    );
     settle(&pool).await;
     let status = pool.status();
+    let scrape = Scrape::of(&registry);
+    let per_write = histogram_mean(&scrape, "pgpipe_pipeline_batch_size");
+    let saved = scrape.value("pgpipe_pipeline_round_trips_saved_total", &[]);
+    let stats = proxy.stats();
+    let paid = stats.busy_periods;
+    eprintln!(
+        "{queries} queries from {tasks} tasks: backends {pids:?}, {per_write:.1} queries per \
+         write, {saved} round trips saved, {paid} paid (proxy); {status:?}"
+    );
+    // 256 tasks at once, on at most the two connections the pool may open.
     assert!(status.shared <= 2, "{status:?}");
+    assert!((1..=2).contains(&pids.len()), "backends used: {pids:?}");
+    // Many queries per write and per round trip. One query per connection
+    // per round trip would pay `queries` round trips; the proxy counts the
+    // round trips actually paid.
+    assert!(per_write > 2.0, "{per_write:.2} queries per write");
+    assert!(saved > queries as f64 / 2.0, "{saved} round trips saved");
+    assert!(
+        paid * 5 < queries,
+        "{paid} round trips paid for {queries} queries: not 5 per round trip"
+    );
     // The proxy saw queries batched: fewer chunks than Syncs.
-    let up = proxy.stats().upstream;
+    let up = stats.upstream;
     assert!(up.messages > up.chunks_with_messages, "{up:?}");
+}
+
+/// Distinct backends that answered `tasks` tasks × `per_task` queries of
+/// about 10 ms each, all at once.
+async fn backends_used(pool: &Pool, tasks: usize, per_task: usize) -> BTreeSet<i32> {
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut pids = BTreeSet::new();
+                for _ in 0..per_task {
+                    let row = pool
+                        .query_one("SELECT pg_backend_pid() FROM pg_sleep(0.01)", &[])
+                        .await
+                        .unwrap();
+                    pids.insert(row.get::<_, i32>(0));
+                }
+                pids
+            })
+        })
+        .collect();
+    let mut pids = BTreeSet::new();
+    for handle in handles {
+        pids.extend(handle.await.unwrap());
+    }
+    pids
+}
+
+/// A pool of four for the routing comparison. Head-of-line awareness is off
+/// (its 10 ms queries would count as slow, and slow work is spread whatever
+/// the routing), so that only `routing` differs.
+fn four(test: &str, routing: Routing) -> Pool {
+    builder(&app(test))
+        .max_size(4)
+        .pipelining(true)
+        .routing(routing)
+        .slow_query_threshold(None::<Duration>)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fill_keeps_to_the_fewest_connections_and_spread_spreads() {
+    // 12 tasks fit in one connection's pipeline (depth 64): Fill has no
+    // reason to open a second one, Spread opens one as soon as every open
+    // connection is busy, up to four.
+    let (tasks, per_task) = (12, 15);
+    let fill = four("route_fill", Routing::Fill);
+    let filled = backends_used(&fill, tasks, per_task).await;
+    let fill_status = fill.status();
+    let spread = four("route_spread", Routing::Spread);
+    let spread_over = backends_used(&spread, tasks, per_task).await;
+    let spread_status = spread.status();
+    eprintln!(
+        "Fill: backends {filled:?}, {fill_status:?}; Spread: backends {spread_over:?}, \
+         {spread_status:?}"
+    );
+    assert!(
+        filled.len() <= 2 && fill_status.shared <= 2,
+        "Fill used {} backends: {fill_status:?}",
+        filled.len()
+    );
+    assert!(
+        spread_over.len() >= 3,
+        "Spread used {} backends: {spread_status:?}",
+        spread_over.len()
+    );
+    assert!(spread_over.len() > filled.len());
 }

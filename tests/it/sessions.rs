@@ -143,7 +143,12 @@ async fn holding_the_only_connection_and_querying_fails_fast() {
     let start = Instant::now();
     let e = pool.query("SELECT 1", &[]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Deadlock, "{e}");
-    assert!(start.elapsed() < Duration::from_secs(2));
+    // At once, not at the 30 s wait_timeout.
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
     let e = pool.get().await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Deadlock, "{e}");
     drop(conn);
@@ -171,8 +176,9 @@ async fn exclusive_checkouts_are_served_under_pipelined_load() {
     for _ in 0..5 {
         let start = Instant::now();
         let conn = pool.get().await.unwrap();
+        // Served, not starved until the 20 s wait_timeout.
         assert!(
-            start.elapsed() < Duration::from_secs(2),
+            start.elapsed() < Duration::from_secs(10),
             "{:?}",
             start.elapsed()
         );

@@ -53,7 +53,10 @@ async fn a_hundred_thousand_queries_dropped_at_random_points() {
                 let pool = pool.clone();
                 tokio::spawn(async move {
                     let mut rng = Rng::new(task * 31 + 7);
-                    let mut survived = 0u64;
+                    // (answered, dropped after at least one poll, drawn to
+                    // run to completion, drawn to be dropped after one poll)
+                    let (mut survived, mut mid_flight, mut patient, mut once) =
+                        (0u64, 0u64, 0u64, 0u64);
                     for i in 0..per_task {
                         let id = (task * 100_000 + i) as i64;
                         let params: [&(dyn ToSql + Sync); 1] = [&id];
@@ -61,27 +64,55 @@ async fn a_hundred_thousand_queries_dropped_at_random_points() {
                         // Half run to completion; half are dropped after a
                         // random number of polls (0 to 7).
                         let polls = if rng.below(2) == 0 {
+                            patient += 1;
                             u32::MAX
                         } else {
-                            rng.below(8) as u32
+                            let polls = rng.below(8) as u32;
+                            once += u64::from(polls == 1);
+                            polls
                         };
-                        if let Some(result) = cancellable(query, polls).await {
-                            let row = result.expect("a surviving query succeeds");
-                            assert_eq!(row.get::<_, i64>(0), id, "its own answer");
-                            survived += 1;
+                        match cancellable(query, polls).await {
+                            Some(result) => {
+                                let row = result.expect("a surviving query succeeds");
+                                assert_eq!(row.get::<_, i64>(0), id, "its own answer");
+                                survived += 1;
+                            }
+                            // Polled at least once, so it had started: it
+                            // was dropped mid-flight.
+                            None if polls > 0 => mid_flight += 1,
+                            None => {}
                         }
                     }
-                    survived
+                    (survived, mid_flight, patient, once)
                 })
             })
             .collect();
-        let mut survived = 0;
+        let (mut survived, mut mid_flight, mut patient, mut once) = (0, 0, 0, 0);
         for handle in handles {
-            survived += handle.await.unwrap();
+            let (s, m, p, o) = handle.await.unwrap();
+            survived += s;
+            mid_flight += m;
+            patient += p;
+            once += o;
         }
+        let total = tasks * per_task;
         eprintln!(
-            "pipelining {pipelining}: {} queries, {survived} survived",
-            tasks * per_task
+            "pipelining {pipelining}: {total} queries, {survived} survived \
+             ({patient} drawn to run to the end), {mid_flight} dropped mid-flight \
+             ({once} after one poll)"
+        );
+        // Every patient query survived, the others only if answered within
+        // their polls. A query sent on its first poll cannot have its answer
+        // by then (that takes a round trip to the server), so at least every
+        // query drawn to be dropped after one poll was dropped mid-flight
+        // (measured: about that many, 1 in 8 of the impatient half).
+        assert!(
+            survived >= patient && survived < total,
+            "{survived} of {total} survived, {patient} were drawn to run to the end"
+        );
+        assert!(
+            once > 0 && mid_flight >= once,
+            "{mid_flight} dropped mid-flight, {once} were drawn to be dropped after one poll"
         );
         settle(&pool).await;
         for i in 0..200i64 {

@@ -8,6 +8,11 @@ use pgpipe_test_support::{database_url, unique, url_with_app, with_param};
 use prometheus::Registry;
 use prometheus::proto::{MetricFamily, MetricType};
 
+/// Held by the test that measures this process's memory and by the test that
+/// allocates a lot of it at once (a 1 GiB request), so that the first does
+/// not count the second's: tests in one binary share the process.
+pub(crate) static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A fresh application name, to find this test's backends by.
 pub(crate) fn app(test: &str) -> String {
     unique(test)
@@ -115,7 +120,7 @@ impl Scrape {
             .sum()
     }
 
-    #[allow(dead_code)] // used by the `truth` tests
+    /// The number of observations in the histogram `name`, over all series.
     pub(crate) fn histogram_count(&self, name: &str) -> u64 {
         self.family(name)
             .unwrap_or_else(|| panic!("{name} is exported"))
@@ -124,6 +129,37 @@ impl Scrape {
             .map(|m| m.get_histogram().get_sample_count())
             .sum()
     }
+}
+
+/// Mean observation of the histogram `name`: its sum over its count (0 when
+/// it has none). For `pgpipe_pipeline_batch_size`, the mean queries per
+/// write on the wire.
+pub(crate) fn histogram_mean(scrape: &Scrape, name: &str) -> f64 {
+    let count = scrape.histogram_count(name);
+    if count == 0 {
+        return 0.0;
+    }
+    scrape.value(name, &[]) / count as f64
+}
+
+/// The path of `promtool`, found on `PATH`.
+///
+/// Outside CI a missing `promtool` skips the check (`None`, with a note on
+/// stderr). Under CI (`CI=true`, as `.ci/run` is run) it fails the test:
+/// CI installs it, so a missing one means the check would pass unchecked.
+pub(crate) fn promtool() -> Option<std::path::PathBuf> {
+    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join("promtool"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "promtool is not on PATH, and CI=true: .ci/run must install it (Debian's \
+             prometheus package), or this check would pass without checking"
+        );
+        eprintln!("promtool is not installed; skipping its check (under CI=true this fails)");
+    }
+    found
 }
 
 pub(crate) async fn echo_load(pool: &Pool, tasks: i64, per_task: i64) {

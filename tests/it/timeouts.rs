@@ -25,7 +25,13 @@ async fn a_late_query_alone_on_its_connection_is_cancelled_on_the_server() {
     let start = Instant::now();
     let e = pool.query("SELECT pg_sleep(5)", &[]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
-    assert!(start.elapsed() < Duration::from_secs(1));
+    // At the 300 ms deadline, not after the 5 s sleep (generous: load can
+    // slow the answer, not turn it into the sleep's).
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
     // The server stops sleeping: the cancel reached the backend.
     let mut idle = false;
     for _ in 0..50 {

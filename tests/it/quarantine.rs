@@ -1,0 +1,120 @@
+//! Wire quarantine: what the shared path's SQL guard cannot see (a function
+//! that changes a setting) is caught on the wire. The server reports the
+//! change with a `ParameterStatus`; the connection is taken out of use at
+//! once and reset before anyone uses it again, so no other task's query
+//! sees the setting.
+
+use pgpipe::Pool;
+use pgpipe_test_support::{admin, unique};
+use prometheus::Registry;
+
+use crate::support::{Scrape, app, builder};
+
+/// A schema of the test's own with a plpgsql function `f()` whose body is
+/// `body` (it returns 1), dropped with the schema by the caller.
+async fn function(body: &str) -> String {
+    let schema = unique("quarantine");
+    admin()
+        .await
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE FUNCTION {schema}.f() RETURNS int LANGUAGE plpgsql AS $f$
+             BEGIN
+                 {body}
+                 RETURN 1;
+             END
+             $f$;"
+        ))
+        .await
+        .unwrap();
+    schema
+}
+
+async fn drop_schema(schema: &str) {
+    admin()
+        .await
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
+
+fn quarantined(registry: &Registry, reason: &str) -> f64 {
+    Scrape::of(registry).value("pgpipe_pipeline_quarantined_total", &[("reason", reason)])
+}
+
+async fn application_name(pool: &Pool) -> String {
+    pool.query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_that_changes_a_reported_setting_is_quarantined_on_the_wire() {
+    let app = app("quarantine");
+    // application_name is reported by the server (a ParameterStatus), and a
+    // plain `SELECT f()` passes the guard: only the wire can tell.
+    let marker = unique("changed");
+    let schema = function(&format!(
+        "PERFORM set_config('application_name', '{marker}', false);"
+    ))
+    .await;
+    let registry = Registry::new();
+    let pool = builder(&app)
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    assert_eq!(application_name(&pool).await, app);
+    assert_eq!(quarantined(&registry, "session_state"), 0.0);
+
+    let rows = pool
+        .query(&format!("SELECT {schema}.f()"), &[])
+        .await
+        .expect("the function runs: the guard does not look inside it");
+    assert_eq!(rows[0].get::<_, i32>(0), 1);
+
+    // The ParameterStatus arrives before the function's answer, so the
+    // quarantine is counted by the time the caller has its answer.
+    assert_eq!(quarantined(&registry, "session_state"), 1.0);
+    assert_eq!(quarantined(&registry, "transaction"), 0.0);
+    // The next query on the shared path (the only connection there is was
+    // reset, or replaced) does not see the changed setting.
+    for _ in 0..3 {
+        let seen = application_name(&pool).await;
+        assert_ne!(seen, marker, "a shared query saw the function's setting");
+        assert_eq!(seen, app);
+    }
+    // And nothing else was quarantined on the way.
+    assert_eq!(quarantined(&registry, "session_state"), 1.0);
+    drop(pool);
+    drop_schema(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_that_changes_nothing_reported_is_not_quarantined() {
+    // The control: the same shape of function, touching no reported
+    // setting (SET LOCAL-like: is_local = true ends with the transaction),
+    // leaves the connection in use.
+    let schema = function("PERFORM set_config('application_name', 'local_only', true);").await;
+    let registry = Registry::new();
+    let pool = builder(&app("quarantine_ctl"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let rows = pool
+        .query(&format!("SELECT {schema}.f()"), &[])
+        .await
+        .unwrap();
+    assert_eq!(rows[0].get::<_, i32>(0), 1);
+    pool.query("SELECT 1", &[]).await.unwrap();
+    assert_eq!(quarantined(&registry, "session_state"), 0.0);
+    assert_eq!(quarantined(&registry, "transaction"), 0.0);
+    drop(pool);
+    drop_schema(&schema).await;
+}
