@@ -121,7 +121,7 @@ async fn a_full_queue_refuses_and_a_long_wait_times_out() {
     assert_eq!(e.kind(), ErrorKind::QueueFull, "{e}");
     for waiter in waiters {
         let (kind, waited) = waiter.await.unwrap();
-        assert_eq!(kind, ErrorKind::Timeout);
+        assert_eq!(kind, ErrorKind::Timeout, "a wait timeout: never ran");
         assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(2));
     }
     busy.await.unwrap().unwrap();

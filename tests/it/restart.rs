@@ -67,6 +67,7 @@ async fn a_server_restart_under_load_heals_without_hanging_or_spinning() {
                                     ErrorKind::ConnectionLost
                                         | ErrorKind::Connect
                                         | ErrorKind::Timeout
+                                        | ErrorKind::QueryTimeout
                                 ),
                                 "{e}"
                             );

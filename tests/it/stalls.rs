@@ -36,7 +36,7 @@ async fn a_stalled_network_ends_in_timeouts_and_a_killed_connection() {
             .expect("no query hangs")
             .unwrap()
             .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
+        assert_eq!(e.kind(), ErrorKind::QueryTimeout, "{e}");
     }
     assert!(
         start.elapsed() < Duration::from_secs(2),

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio_postgres::config::{Host, SslMode};
 
-use crate::config::{PoolConfig, Routing};
+use crate::config::{PoolConfig, Routing, SessionCleanup};
 use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
 use crate::pool::{Pool, Setup};
@@ -178,6 +178,14 @@ impl PoolBuilder {
     /// [`PoolConfig::slow_query_threshold`]. Default: 5 ms.
     pub fn slow_query_threshold(mut self, threshold: impl Into<Option<Duration>>) -> Self {
         self.config.slow_query_threshold = threshold.into();
+        self
+    }
+
+    /// When a shared session is cleaned behind a query: see
+    /// [`PoolConfig::session_cleanup`] and [`SessionCleanup`]. Default:
+    /// behind code the guard cannot read.
+    pub fn session_cleanup(mut self, cleanup: SessionCleanup) -> Self {
+        self.config.session_cleanup = cleanup;
         self
     }
 

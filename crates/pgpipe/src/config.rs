@@ -20,6 +20,24 @@ pub enum Routing {
     Fill,
 }
 
+/// When the pool cleans a shared session behind a query; see the README's
+/// "What runs on the shared path".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SessionCleanup {
+    /// Behind every statement whose code the guard cannot read: `DO`,
+    /// `CALL`, and calls of functions that are not PostgreSQL's own. Code
+    /// that runs without being named in the SQL (triggers, row-level
+    /// security policies, views, column defaults) is not seen: choose
+    /// [`EveryQuery`](SessionCleanup::EveryQuery) if yours may change the
+    /// session.
+    #[default]
+    UnknownCode,
+    /// Behind every query on the shared path (about 45 µs of server time
+    /// each, no extra round trip).
+    EveryQuery,
+}
+
 /// Every setting of a [`Pool`](crate::Pool), with its default.
 ///
 /// [`PoolBuilder`](crate::PoolBuilder) sets these one by one; this struct is
@@ -152,6 +170,10 @@ pub struct PoolConfig {
     ///
     /// Default: 5 ms.
     pub slow_query_threshold: Option<Duration>,
+    /// When a shared session is cleaned behind a query.
+    ///
+    /// Default: [`SessionCleanup::UnknownCode`].
+    pub session_cleanup: SessionCleanup,
 }
 
 impl Default for PoolConfig {
@@ -178,8 +200,17 @@ impl Default for PoolConfig {
             max_result_bytes: Some(64 << 20),
             max_result_rows: None,
             slow_query_threshold: Some(Duration::from_millis(5)),
+            session_cleanup: SessionCleanup::default(),
         }
     }
+}
+
+/// The instant `after` from now; a duration too long to add means "never"
+/// (thirty years), not a panic.
+pub(crate) fn deadline_after(after: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(after)
+        .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
 }
 
 impl PoolConfig {
@@ -229,6 +260,16 @@ impl PoolConfig {
             .find(|(_, d)| d.is_some_and(|d| d.is_zero()))
         {
             return Err(format!("{name} must be above zero (or unset)"));
+        }
+        // PostgreSQL keeps statement_timeout in an int of milliseconds.
+        if self
+            .statement_timeout
+            .is_some_and(|t| t.as_millis() > i32::MAX as u128)
+        {
+            return Err(format!(
+                "statement_timeout must be at most {} ms (PostgreSQL's limit)",
+                i32::MAX
+            ));
         }
         if self.max_result_bytes == Some(0) || self.max_result_rows == Some(0) {
             return Err(

@@ -20,8 +20,14 @@ pub enum ErrorKind {
     /// connection and its neighbours in the pipeline are unaffected.
     Db,
     /// The query waited longer than the pool's `wait_timeout` for a
-    /// connection or for room on a shared one.
+    /// connection or for room on a shared one. It never ran: safe to retry.
     Timeout,
+    /// The query was sent and did not finish within `query_timeout`. It
+    /// **may have run, and committed**: alone on its connection it is
+    /// cancelled, but pipelined with neighbours on a shared connection it is
+    /// left to finish (a cancel would hit whatever runs). Retry only what is
+    /// safe to run twice. [`Error::is_timeout`] is true for it too.
+    QueryTimeout,
     /// The pool's wait queue (`queue_capacity`) was full; the query was
     /// refused without waiting.
     QueueFull,
@@ -66,10 +72,14 @@ pub enum ErrorKind {
     /// message names the failing item; [`Error::as_db_error`] and
     /// [`Error::code`] give its server error, if it had one.
     BatchAborted,
-    /// Transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an item of
-    /// an atomic [`Batch`](crate::Batch), which runs its own transaction.
-    /// Nothing was sent.
+    /// Transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) or `COPY` in an
+    /// item of an atomic [`Batch`](crate::Batch), which runs its own
+    /// transaction. Nothing was sent.
     NotAllowedInBatch,
+    /// The statement needs an API the query methods do not offer: `COPY`
+    /// through [`Executor`](crate::Executor) (use tokio-postgres'
+    /// `copy_in`/`copy_out` on `conn.client()`). Nothing was sent.
+    NotSupported,
 }
 
 impl ErrorKind {
@@ -77,6 +87,7 @@ impl ErrorKind {
         match self {
             ErrorKind::Db => "database error",
             ErrorKind::Timeout => "timed out",
+            ErrorKind::QueryTimeout => "query timed out",
             ErrorKind::QueueFull => "wait queue full",
             ErrorKind::Closed => "pool closed",
             ErrorKind::ConnectionLost => "connection lost",
@@ -90,6 +101,7 @@ impl ErrorKind {
             ErrorKind::TooLarge => "too large",
             ErrorKind::BatchAborted => "batch aborted",
             ErrorKind::NotAllowedInBatch => "not allowed in an atomic batch",
+            ErrorKind::NotSupported => "not supported",
         }
     }
 }
@@ -107,6 +119,8 @@ struct Inner {
     source: Option<Source>,
     /// The query was never sent: the pool may run it elsewhere.
     unsent: bool,
+    /// The statement ran (a result over the caps).
+    ran: bool,
 }
 
 /// The cause, kept typed so that `as_db_error` works without downcasting
@@ -138,9 +152,29 @@ impl Error {
         self.as_db_error().map(DbError::code)
     }
 
-    /// True for [`ErrorKind::Timeout`].
+    /// True for [`ErrorKind::Timeout`] (never ran) and
+    /// [`ErrorKind::QueryTimeout`] (may have run).
     pub fn is_timeout(&self) -> bool {
-        self.0.kind == ErrorKind::Timeout
+        matches!(self.0.kind, ErrorKind::Timeout | ErrorKind::QueryTimeout)
+    }
+
+    /// Whether the statement may have run on the server, so that retrying it
+    /// could run it twice: true for a query cut off after it was sent
+    /// ([`ErrorKind::ConnectionLost`], [`ErrorKind::QueryTimeout`]), and for
+    /// an answer over the result caps ([`ErrorKind::TooLarge`] after the
+    /// statement ran). False for everything refused before sending
+    /// ([`ErrorKind::Timeout`], [`ErrorKind::QueueFull`],
+    /// [`ErrorKind::Closed`], [`ErrorKind::NotAllowedOnShared`],
+    /// [`ErrorKind::Params`] …) and for a statement the server rejected
+    /// ([`ErrorKind::Db`]: its implicit transaction was rolled back; inside
+    /// your own transaction, the transaction decides).
+    pub fn may_have_run(&self) -> bool {
+        match self.0.kind {
+            ErrorKind::ConnectionLost => !self.0.unsent,
+            ErrorKind::QueryTimeout => true,
+            ErrorKind::TooLarge => self.0.ran,
+            _ => false,
+        }
     }
 
     /// True for [`ErrorKind::Closed`].
@@ -154,6 +188,7 @@ impl Error {
             message: Some(message.into()),
             source: None,
             unsent: false,
+            ran: false,
         }))
     }
 
@@ -163,6 +198,7 @@ impl Error {
             message: None,
             source: Some(Source::Pg(error)),
             unsent: false,
+            ran: false,
         }))
     }
 
@@ -176,6 +212,7 @@ impl Error {
             message: Some(message.into()),
             source: Some(Source::Other(source.into())),
             unsent: false,
+            ran: false,
         }))
     }
 
@@ -183,6 +220,12 @@ impl Error {
     /// may run it on another connection.
     pub(crate) fn unsent(mut self) -> Error {
         self.0.unsent = true;
+        self
+    }
+
+    /// Marks an error of a statement that ran (its answer was too large).
+    pub(crate) fn ran(mut self) -> Error {
+        self.0.ran = true;
         self
     }
 
@@ -201,6 +244,14 @@ impl Error {
 
     pub(crate) fn timeout(what: &str) -> Error {
         Error::new(ErrorKind::Timeout, format!("timed out waiting for {what}"))
+    }
+
+    /// A query ran past `query_timeout`; `what` says what became of it.
+    pub(crate) fn query_timeout(what: &str) -> Error {
+        Error::new(
+            ErrorKind::QueryTimeout,
+            format!("the query ran past query_timeout and may have run: {what}"),
+        )
     }
 
     pub(crate) fn queue_full(capacity: usize) -> Error {
@@ -303,6 +354,7 @@ impl Error {
             message: None,
             source: Some(Source::SharedPg(Arc::clone(error))),
             unsent: false,
+            ran: false,
         }))
     }
 }

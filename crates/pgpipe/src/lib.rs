@@ -43,7 +43,7 @@ mod sync;
 pub use answer::Answer;
 pub use batch::{Batch, BatchResults};
 pub use builder::PoolBuilder;
-pub use config::{PoolConfig, Routing};
+pub use config::{PoolConfig, Routing, SessionCleanup};
 pub use error::{Error, ErrorKind};
 pub use exclusive::{Connection, Transaction};
 pub use executor::Executor;

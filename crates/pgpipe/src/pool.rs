@@ -20,7 +20,7 @@ use crate::conn::run::{Limits, RunSettings};
 use crate::conn::tls::Tls;
 use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
-use crate::exclusive::{Connection, Exclusive};
+use crate::exclusive::{Connection, Exclusive, Holder};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
 use crate::shared::Router;
 use crate::slow::Slow;
@@ -236,9 +236,9 @@ impl Pool {
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect).
     pub async fn get(&self) -> Result<Connection, Error> {
         let waiting = self.inner.metrics.as_ref().map(|_| Instant::now());
-        let conn = self.inner.checkout().await?;
+        let conn = self.inner.checkout(Holder::Caller).await;
         self.inner.waited(waiting);
-        Ok(conn)
+        conn
     }
 
     /// A snapshot of the pool's connections and queues.
@@ -314,9 +314,9 @@ impl PoolInner {
     }
 
     /// Checks out an exclusive connection; see [`Pool::get`].
-    pub(crate) async fn checkout(self: &Arc<Self>) -> Result<Connection, Error> {
+    pub(crate) async fn checkout(self: &Arc<Self>, holder: Holder) -> Result<Connection, Error> {
         housekeeping::start(self);
-        self.exclusive.checkout(&self.router).await
+        self.exclusive.checkout(&self.router, holder).await
     }
 
     pub(crate) fn status(&self) -> Status {

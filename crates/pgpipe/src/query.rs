@@ -17,11 +17,13 @@ use std::time::Instant;
 use tokio_postgres::types::ToSql;
 
 use crate::answer::{Answer, Op};
+use crate::config::SessionCleanup;
 use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
+use crate::exclusive::Holder;
 use crate::housekeeping;
 use crate::pool::PoolInner;
-use crate::protocol::sql_guard;
+use crate::protocol::sql_guard::{self, Code};
 use crate::shared::costs::{CostKey, Costs};
 
 /// How many times a query that never left the client (its connection died
@@ -55,18 +57,26 @@ async fn run_unobserved(
     slow: bool,
     waiting: Option<Instant>,
 ) -> Result<Answer, Error> {
-    sql_guard::check(sql)?;
+    let code = sql_guard::check(sql)?;
     if pool.is_closed() {
         return Err(Error::closed());
     }
     housekeeping::start(pool);
+    let clean = needs_cleanup(pool, code);
     if !pool.config().pipelining {
-        let conn = pool.checkout().await?;
+        let conn = pool.checkout(Holder::Pool).await;
         pool.waited(waiting);
+        let conn = conn?;
         let target = conn.pg_conn().target();
-        return run::run_alone(target, sql, params, op, pool.run_settings()).await;
+        return run::run_alone(target, sql, params, op, pool.run_settings(), clean).await;
     }
-    run_shared(pool, sql, params, op, slow, waiting).await
+    run_shared(pool, sql, params, op, slow, clean, waiting).await
+}
+
+/// Whether the session is cleaned right behind this query (see
+/// [`SessionCleanup`]).
+pub(crate) fn needs_cleanup(pool: &PoolInner, code: Code) -> bool {
+    code == Code::Unknown || pool.config().session_cleanup == SessionCleanup::EveryQuery
 }
 
 /// Runs a query on the shared path.
@@ -76,6 +86,7 @@ async fn run_shared(
     params: &[&(dyn ToSql + Sync)],
     op: Op,
     slow: bool,
+    clean: bool,
     waiting: Option<Instant>,
 ) -> Result<Answer, Error> {
     let router = pool.router();
@@ -83,22 +94,18 @@ async fn run_shared(
     let cost = Cost::of(pool, sql, slow);
     let mut attempts = 0;
     loop {
-        let place = router.reserve(cost.is_slow()).await?;
-        let admitted = cost.clock();
+        let place = router.reserve(cost.is_slow()).await;
         if attempts == 0 {
+            // Failed waits too: they are the longest.
             pool.waited(waiting);
         }
+        let place = place?;
+        let admitted = cost.clock();
         router.batch_window(&place).await;
         let conn = &place.conn;
         let prepare = Prepare::Spawned(conn);
-        let query = run::run(
-            conn.conn().target(),
-            prepare,
-            sql,
-            params,
-            op,
-            settings.limits,
-        );
+        let target = conn.conn().target();
+        let query = run::run(target, prepare, sql, params, op, settings.limits, clean);
         let result =
             run::within_deadline(settings.query_timeout, query, || router.late(conn)).await;
         if result.is_ok() {

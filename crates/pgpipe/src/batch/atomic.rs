@@ -15,8 +15,9 @@ use crate::answer::Answer;
 use crate::conn::params;
 use crate::conn::run::{self, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
-use crate::housekeeping;
+use crate::exclusive::Holder;
 use crate::protocol::sql_guard;
+use crate::{housekeeping, query};
 
 /// One request of the pipeline.
 #[derive(Debug, Clone, Copy)]
@@ -37,11 +38,21 @@ impl Batch<'_> {
                 return Ok(self.abort(i, e, false));
             }
         }
+        // Session SQL is allowed here (a `SET`, a temp table …), and so is
+        // code the guard cannot read: the session is cleaned behind COMMIT,
+        // in the same write, so the next user of the connection finds none.
+        let clean = self
+            .items
+            .iter()
+            .any(|item| match sql_guard::check(item.sql) {
+                Ok(code) => query::needs_cleanup(inner, code),
+                Err(_) => true,
+            });
         if inner.is_closed() {
             return Err(Error::closed());
         }
         housekeeping::start(inner);
-        let conn = inner.checkout().await?;
+        let conn = inner.checkout(Holder::Pool).await?;
         let target = Target {
             heal: false,
             ..conn.pg_conn().target()
@@ -64,11 +75,22 @@ impl Batch<'_> {
             .iter()
             .map(|step| self.send(target, &statements, *step, limits))
             .collect();
-        let pipeline = async { Ok(join_in_order(sending).await) };
+        let pipeline = async {
+            let sent = join_in_order(sending);
+            if clean {
+                Ok(run::both_in_order(sent, run::clean_session(target)).await.0)
+            } else {
+                Ok(sent.await)
+            }
+        };
         let deadline = inner.run_settings().query_timeout;
-        let Ok(answers) = run::within_deadline(deadline, pipeline, || target.cancel()).await else {
+        let cancel = || {
+            target.cancel();
+            "cancelled"
+        };
+        let Ok(answers) = run::within_deadline(deadline, pipeline, cancel).await else {
             return Err(Error::new(
-                ErrorKind::Timeout,
+                ErrorKind::QueryTimeout,
                 "the atomic batch ran past query_timeout and was cancelled; whether it \
                  committed is unknown",
             ));
@@ -77,12 +99,23 @@ impl Batch<'_> {
         let begin = answers.next().expect("a BEGIN step");
         let commit = answers.next_back().expect("a COMMIT step");
         let items: Vec<Result<Option<Answer>, Error>> = answers.collect();
+        for ((item, result), (_, generation)) in self.items.iter().zip(&items).zip(&statements) {
+            if matches!(result, Err(e) if run::is_stale_statement(e)) {
+                // The plan went stale (a table changed under `SELECT *`):
+                // forget it, so the next run prepares it again. Not retried
+                // here: the refusal aborted the transaction.
+                target.cache.invalidate(item.sql, *generation);
+            }
+        }
         self.outcome(begin, items, commit)
     }
 
     /// Every item's statement, prepared (pipelined, on a miss) and checked
     /// against its parameters; or the first item that cannot run.
-    async fn prepare_all(&self, target: Target<'_>) -> Result<Vec<Statement>, (usize, Error)> {
+    async fn prepare_all(
+        &self,
+        target: Target<'_>,
+    ) -> Result<Vec<(Statement, u64)>, (usize, Error)> {
         let preparing = self
             .items
             .iter()
@@ -94,8 +127,8 @@ impl Batch<'_> {
             // Every value is encoded here, fixed-size ones too: an encoding
             // failure at send time would leave this item out of a
             // transaction that then commits.
-            let checked = statement.and_then(|(statement, _)| {
-                params::check_params(&statement, self.item_params(item), true).map(|()| statement)
+            let checked = statement.and_then(|found| {
+                params::check_params(&found.0, self.item_params(item), true).map(|()| found)
             });
             statements.push(checked.map_err(|e| (i, e))?);
         }
@@ -105,7 +138,7 @@ impl Batch<'_> {
     async fn send(
         &self,
         target: Target<'_>,
-        statements: &[Statement],
+        statements: &[(Statement, u64)],
         step: Step,
         limits: Limits,
     ) -> Result<Option<Answer>, Error> {
@@ -119,7 +152,7 @@ impl Batch<'_> {
             Step::Item(i) => {
                 let item = &self.items[i];
                 let params = self.item_params(item);
-                run::send(target, &statements[i], params, item.op, limits)
+                run::send(target, &statements[i].0, params, item.op, limits)
                     .await
                     .map(Some)
             }

@@ -11,9 +11,10 @@ use crate::answer::Answer;
 use crate::conn::params;
 use crate::conn::run::{self, Prepare, Target};
 use crate::error::{Error, ErrorKind};
-use crate::housekeeping;
+use crate::exclusive::Holder;
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
+use crate::{housekeeping, query};
 
 /// How many times items that never left the client (their connection died
 /// first) are sent again on another connection; as for a single query.
@@ -22,13 +23,20 @@ const UNSENT_RETRIES: u32 = 2;
 impl Batch<'_> {
     pub(super) async fn run_isolated(&self) -> Result<BatchResults, Error> {
         let inner = self.pool.inner();
+        let mut clean = false;
         let mut results: Vec<Option<Result<Answer, Error>>> = self
             .items
             .iter()
             .map(|item| {
-                let refused =
+                let checked =
                     params::check_sql_size(item.sql).and_then(|()| sql_guard::check(item.sql));
-                refused.err().map(Err)
+                match checked {
+                    Ok(code) => {
+                        clean |= query::needs_cleanup(inner, code);
+                        None
+                    }
+                    Err(e) => Some(Err(e)),
+                }
             })
             .collect();
         let pending: Vec<usize> = (0..self.items.len())
@@ -40,17 +48,19 @@ impl Batch<'_> {
             }
             housekeeping::start(inner);
             if inner.config().pipelining {
-                self.run_shared(inner, &pending, &mut results).await?;
+                self.run_shared(inner, &pending, clean, &mut results)
+                    .await?;
             } else {
-                let conn = inner.checkout().await?;
+                let conn = inner.checkout(Holder::Pool).await?;
                 let target = conn.pg_conn().target();
                 let mut out = unanswered(pending.len());
-                let round = self.round(target, Prepare::Inline, &pending, &mut out);
+                let round = self.round(target, Prepare::Inline, &pending, clean, &mut out);
                 let deadline = inner.run_settings().query_timeout;
-                if run::within_deadline(deadline, round, || target.cancel())
-                    .await
-                    .is_err()
-                {
+                let cancel = || {
+                    target.cancel();
+                    "it was cancelled"
+                };
+                if run::within_deadline(deadline, round, cancel).await.is_err() {
                     time_out(&mut out);
                 }
                 for (i, result) in pending.iter().zip(out) {
@@ -70,6 +80,7 @@ impl Batch<'_> {
         &self,
         inner: &Arc<PoolInner>,
         pending: &[usize],
+        clean: bool,
         results: &mut [Option<Result<Answer, Error>>],
     ) -> Result<(), Error> {
         let router = inner.router();
@@ -87,17 +98,16 @@ impl Batch<'_> {
                     return Ok(());
                 }
             };
-            let take = (pending.len() - next).min(depth);
+            // As many as fit within the connection's depth (at least one):
+            // the items of a round go out together, and never past the limit.
+            let room = depth.saturating_sub(place.ahead as usize).max(1);
+            let take = (pending.len() - next).min(room);
             place.extend(take as u64 - 1);
             let indices = &pending[next..next + take];
             let mut out = unanswered(take);
             let conn = Arc::clone(&place.conn);
-            let round = self.round(
-                conn.conn().target(),
-                Prepare::Spawned(&conn),
-                indices,
-                &mut out,
-            );
+            let target = conn.conn().target();
+            let round = self.round(target, Prepare::Spawned(&conn), indices, clean, &mut out);
             if run::within_deadline(deadline, round, || router.late(&conn))
                 .await
                 .is_err()
@@ -135,6 +145,7 @@ impl Batch<'_> {
         target: Target<'_>,
         prepare: Prepare<'_>,
         indices: &[usize],
+        clean: bool,
         out: &mut [Option<Result<Answer, Error>>],
     ) -> Result<(), Error> {
         let limits = self.pool.inner().run_settings().limits;
@@ -161,7 +172,7 @@ impl Batch<'_> {
                 run::send(target, statement, self.item_params(item), item.op, limits)
             })
             .collect();
-        each_in_order(sending, |j, result| {
+        let sent = each_in_order(sending, |j, result| {
             let (k, _, generation) = &ready[j];
             if let Err(e) = &result {
                 if run::is_stale_statement(e) {
@@ -173,8 +184,13 @@ impl Batch<'_> {
                 }
             }
             out[*k] = Some(result);
-        })
-        .await;
+        });
+        if clean {
+            // Behind the last item: see `send_then_clean` in conn/run.rs.
+            run::both_in_order(sent, run::clean_session(target)).await;
+        } else {
+            sent.await;
+        }
         Ok(()) // each item's error is in `out`; this fits `within_deadline`
     }
 }
@@ -187,6 +203,6 @@ fn unanswered<T>(n: usize) -> Vec<Option<T>> {
 /// Answers every unanswered item with a timeout.
 fn time_out(out: &mut [Option<Result<Answer, Error>>]) {
     for result in out.iter_mut().filter(|r| r.is_none()) {
-        *result = Some(Err(Error::timeout("the batch to finish (query_timeout)")));
+        *result = Some(Err(Error::query_timeout("the batch ran past it")));
     }
 }

@@ -137,14 +137,24 @@ impl<'a> Batch<'a> {
             self.run_isolated().await
         };
         let pool = self.pool.inner();
-        if let (Some(metrics), Ok(results)) = (pool.metrics(), &results) {
+        if let Some(metrics) = pool.metrics() {
             let mode = if self.atomic {
                 Mode::Exclusive
             } else {
                 pool.mode()
             };
-            for result in results {
-                metrics.query(mode, start.elapsed(), result.as_ref().map(drop));
+            match &results {
+                Ok(results) => {
+                    for result in results {
+                        metrics.query(mode, start.elapsed(), result.as_ref().map(drop));
+                    }
+                }
+                // Refused as a whole: every item counts, as it would alone.
+                Err(error) => {
+                    for _ in &self.items {
+                        metrics.query(mode, start.elapsed(), Err(error));
+                    }
+                }
             }
         }
         results

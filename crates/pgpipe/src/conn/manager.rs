@@ -32,7 +32,7 @@ const RECYCLE_PATIENCE: Duration = Duration::from_secs(1);
 fn jitter(lifetime: Duration) -> Duration {
     use std::hash::{BuildHasher, RandomState};
     let random = RandomState::new().hash_one(Instant::now());
-    let tenth = lifetime.as_nanos() as u64 / 10;
+    let tenth = u64::try_from(lifetime.as_nanos()).unwrap_or(u64::MAX) / 10;
     lifetime.saturating_sub(Duration::from_nanos(random % tenth.max(1)))
 }
 
@@ -41,7 +41,7 @@ impl managed::Manager for Manager {
     type Error = Error;
 
     async fn create(&self) -> Result<PgConn, Error> {
-        let state = Arc::new(ConnState::default());
+        let state = Arc::new(ConnState::new(self.wire.metrics.clone()));
         let ((client, connection), peer) =
             connect::connect(&self.config, Arc::clone(&state), &self.wire, &self.tls).await?;
         let io_state = Arc::clone(&state);
@@ -100,6 +100,22 @@ impl managed::Manager for Manager {
                     return Err(RecycleError::message(
                         "connection still busy after its user left",
                     ));
+                }
+            }
+        }
+        // Its last user had it to themselves (or it was quarantined, or it
+        // served the shared path): no state of theirs reaches the next user.
+        if conn.state.needs_reset.load(Ordering::Acquire) {
+            let reset = conn.reset_session();
+            match tokio::time::timeout(RECYCLE_PATIENCE, reset).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    conn.closing(CloseReason::ResetFailed);
+                    return Err(RecycleError::Backend(e));
+                }
+                Err(_) => {
+                    conn.closing(CloseReason::ResetFailed);
+                    return Err(RecycleError::message("the session reset did not finish"));
                 }
             }
         }

@@ -78,17 +78,20 @@ impl PgConn {
         }
     }
 
-    /// Clears the session an exclusive user may have left behind, so the
-    /// connection can be shared. Prepared statements survive (no
-    /// `DEALLOCATE`), so the statement cache stays valid.
+    /// Clears whatever session state a user left behind, before the next
+    /// one. The pool's own prepared statements survive (no `DEALLOCATE
+    /// ALL`), so the statement cache stays valid; statements made with SQL
+    /// `PREPARE` are deallocated.
     pub(crate) async fn reset_session(&self) -> Result<(), Error> {
         let mut sql = String::new();
         if self.state.tx_status.load(Ordering::Acquire) != b'I' {
             sql.push_str("ROLLBACK; ");
         }
+        sql.push_str(SESSION_CLEANUP);
         sql.push_str(
-            "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; \
-             SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES;",
+            "; DO $$ DECLARE s text; BEGIN FOR s IN SELECT name FROM \
+             pg_catalog.pg_prepared_statements WHERE from_sql LOOP \
+             EXECUTE format('DEALLOCATE %I', s); END LOOP; END $$",
         );
         self.client
             .batch_execute(&sql)
@@ -121,6 +124,15 @@ impl PgConn {
         spawn_cancel(&self.peer, &self.client);
     }
 }
+
+/// Undoes every session change that can be undone in one round trip: the
+/// role and session user, every setting, session advisory locks, temporary
+/// objects, sequence state (`lastval`), `LISTEN`s and held cursors. Not
+/// prepared statements (`DEALLOCATE ALL` would take the pool's own): the
+/// session cleanup counts those, and the reset deallocates them.
+pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
+     SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
+     UNLISTEN *; CLOSE ALL";
 
 /// Asks the server behind `peer` to cancel what `client`'s backend runs now,
 /// without waiting for the answer.

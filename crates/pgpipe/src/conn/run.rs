@@ -2,19 +2,22 @@
 //! execution, and the one-time retry when the server dropped the plan.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::pin::pin;
+use std::sync::{Arc, LazyLock};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_core::Stream;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
 use super::connect::Peer;
 use super::params::{self, Params};
 use super::statement_cache::{self, Lookup, StatementCache, Ticket};
-use super::{ConnState, spawn_cancel};
+use super::{ConnState, SESSION_CLEANUP, spawn_cancel};
 use crate::answer::{Answer, Op};
 use crate::error::{Error, ErrorKind};
+use crate::metrics::QuarantineReason;
 
 /// Where a query runs: a connection's client (or a transaction on it), the
 /// connection's statement cache and what its tap sees.
@@ -86,6 +89,9 @@ pub(crate) struct RunSettings {
 /// prepared because the connection died, or the connection died before it
 /// was sent) are marked [`unsent`](Error::unsent): the pool may run it on
 /// another connection.
+///
+/// With `clean`, the session cleanup goes out right behind the query, in
+/// the same write: see [`send_then_clean`].
 pub(crate) async fn run(
     target: Target<'_>,
     prepare: Prepare<'_>,
@@ -93,13 +99,19 @@ pub(crate) async fn run(
     params: Params<'_, '_>,
     op: Op,
     limits: Limits,
+    clean: bool,
 ) -> Result<Answer, Error> {
     params::check_sql_size(sql)?;
     let mut healed = !target.heal;
     loop {
         let (statement, generation) = cached_statement(target, prepare, sql).await?;
         params::check_params(&statement, params, false)?;
-        match send(target, &statement, params, op, limits).await {
+        let result = if clean {
+            send_then_clean(target, &statement, params, op, limits).await
+        } else {
+            send(target, &statement, params, op, limits).await
+        };
+        match result {
             // The server refused the cached plan before running anything:
             // forget it, prepare again, and retry once.
             Err(e) if is_stale_statement(&e) => {
@@ -114,35 +126,123 @@ pub(crate) async fn run(
     }
 }
 
+/// Sends a query and, pipelined right behind it (its request is queued on
+/// the connection in the same poll), the session cleanup; waits for both.
+///
+/// The query's code may have changed the session in ways the guard cannot
+/// see. The cleanup undoes what can be undone ([`SESSION_CLEANUP`]) and
+/// counts SQL-level prepared statements, which it cannot; if it fails or
+/// finds any, the connection is left dirty: quarantined if shared, reset
+/// before its next use. Either way that is settled before the query's
+/// answer goes back to its caller, so no query admitted after that answer
+/// sees the session as the query left it. Queries already pipelined between
+/// the two see what it left: they were admitted while it ran.
+async fn send_then_clean(
+    target: Target<'_>,
+    statement: &Statement,
+    params: Params<'_, '_>,
+    op: Op,
+    limits: Limits,
+) -> Result<Answer, Error> {
+    let query = send(target, statement, params, op, limits);
+    let (answer, ()) = both_in_order(query, clean_session(target)).await;
+    answer
+}
+
+/// Polls `first` and then `second` on every wake until both are done. A
+/// query future hands its request to the connection on its first poll, so
+/// `second`'s requests are queued right behind `first`'s.
+pub(crate) async fn both_in_order<A: Future, B: Future>(
+    first: A,
+    second: B,
+) -> (A::Output, B::Output) {
+    let (mut first, mut second) = (pin!(first), pin!(second));
+    let (mut a, mut b) = (None, None);
+    std::future::poll_fn(|cx| {
+        if a.is_none() {
+            if let Poll::Ready(output) = first.as_mut().poll(cx) {
+                a = Some(output);
+            }
+        }
+        if b.is_none() {
+            if let Poll::Ready(output) = second.as_mut().poll(cx) {
+                b = Some(output);
+            }
+        }
+        match (a.take(), b.take()) {
+            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (taken_a, taken_b) => {
+                (a, b) = (taken_a, taken_b);
+                Poll::Pending
+            }
+        }
+    })
+    .await
+}
+
+/// Runs the session cleanup; see [`send_then_clean`].
+pub(crate) async fn clean_session(target: Target<'_>) {
+    static CLEANUP: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "{SESSION_CLEANUP}; SELECT count(*) FROM pg_catalog.pg_prepared_statements \
+             WHERE from_sql"
+        )
+    });
+    let clean = match target.client.simple_query(&CLEANUP).await {
+        Ok(messages) => {
+            messages.iter().rev().find_map(|m| match m {
+                SimpleQueryMessage::Row(row) => row.get(0).map(|count| count == "0"),
+                _ => None,
+            }) == Some(true)
+        }
+        Err(_) => false,
+    };
+    if !clean {
+        target.state.left_dirty(QuarantineReason::Cleanup);
+    }
+}
+
 /// Runs one query on a connection the caller has to itself (an exclusive
 /// checkout, a transaction), within `query_timeout`; past it, a cancel
-/// request goes to the backend, which can only hit this query.
+/// request goes to the backend, which can only hit this query. With `clean`,
+/// the session cleanup follows it (see [`send_then_clean`]).
 pub(crate) async fn run_alone(
     target: Target<'_>,
     sql: &str,
     params: Params<'_, '_>,
     op: Op,
     settings: RunSettings,
+    clean: bool,
 ) -> Result<Answer, Error> {
-    let run = run(target, Prepare::Inline, sql, params, op, settings.limits);
-    within_deadline(settings.query_timeout, run, || target.cancel()).await
+    let run = run(
+        target,
+        Prepare::Inline,
+        sql,
+        params,
+        op,
+        settings.limits,
+        clean,
+    );
+    within_deadline(settings.query_timeout, run, || {
+        target.cancel();
+        "it was cancelled"
+    })
+    .await
 }
 
-/// Runs `query` within `deadline`, calling `late` if it runs out.
+/// Runs `query` within `deadline`; if it runs out, calls `late`, which
+/// deals with the query still on the wire and says what became of it.
 pub(crate) async fn within_deadline<T>(
     deadline: Option<Duration>,
     query: impl Future<Output = Result<T, Error>>,
-    late: impl FnOnce(),
+    late: impl FnOnce() -> &'static str,
 ) -> Result<T, Error> {
     let Some(deadline) = deadline else {
         return query.await;
     };
     match tokio::time::timeout(deadline, query).await {
         Ok(result) => result,
-        Err(_) => {
-            late();
-            Err(Error::timeout("the query to finish (query_timeout)"))
-        }
+        Err(_) => Err(Error::query_timeout(late())),
     }
 }
 
@@ -201,6 +301,16 @@ pub(crate) async fn send(
     if target.is_dead() {
         return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
     }
+    if target.state.is_quarantined() {
+        // Admitted before its connection was quarantined, and not yet sent
+        // (it waited for a prepare, a batch window, a hand-off): it goes
+        // elsewhere rather than out on a session known to be dirty.
+        return Err(Error::new(
+            ErrorKind::ConnectionLost,
+            "the shared connection was quarantined before this query was sent; nothing ran",
+        )
+        .unsent());
+    }
     match op {
         Op::Query => collect(target, statement, params, limits).await,
         Op::Execute => target
@@ -245,7 +355,7 @@ async fn collect(
         }
     }
     match too_large {
-        Some(message) => Err(Error::new(ErrorKind::TooLarge, message)),
+        Some(message) => Err(Error::new(ErrorKind::TooLarge, message).ran()),
         None => Ok(Answer::Rows(rows)),
     }
 }

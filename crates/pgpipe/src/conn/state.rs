@@ -2,8 +2,8 @@
 //! and the pool: the load word that admission works on, and what the tap
 //! has seen on the wire.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use tokio::task::AbortHandle;
 
@@ -151,9 +151,18 @@ pub(crate) struct ConnState {
     pub(crate) exclusive: AtomicBool,
     /// Whether `connections_closed_total` counted it already.
     close_counted: AtomicBool,
+    /// Where quarantines and closes are counted.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl ConnState {
+    pub(crate) fn new(metrics: Option<Arc<Metrics>>) -> ConnState {
+        ConnState {
+            metrics,
+            ..ConnState::default()
+        }
+    }
+
     pub(crate) fn is_dead(&self) -> bool {
         self.load.get().is_dead()
     }
@@ -209,18 +218,36 @@ impl ConnState {
         self.load.get().is_shared()
     }
 
-    /// Stops routing to this connection and marks it for a reset. Called from
-    /// the read path when a shared connection shows session state; returns
-    /// whether this call quarantined it.
-    pub(crate) fn quarantine(&self, reason: QuarantineReason) -> bool {
+    /// Stops routing to this shared connection, and marks it for a reset
+    /// before anyone uses it again: it shows session state (the tap saw a
+    /// transaction or a changed setting, or a cleanup found what it cannot
+    /// undo). Counted once. An exclusive connection may hold any state its
+    /// user likes; it is reset when it comes back anyway.
+    pub(crate) fn quarantine(&self, reason: QuarantineReason) {
         if !self.is_shared() {
-            return false; // exclusive connections may hold any state they like
+            return;
         }
         self.needs_reset.store(true, Ordering::Release);
         self.load.close();
-        self.quarantined
+        let first = self
+            .quarantined
             .compare_exchange(0, reason as u8 + 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .is_ok();
+        if let (true, Some(metrics)) = (first, &self.metrics) {
+            metrics.wire.quarantined(reason);
+        }
+    }
+
+    /// The session may carry state that could not be cleaned: quarantined if
+    /// shared, reset before its next use either way.
+    pub(crate) fn left_dirty(&self, reason: QuarantineReason) {
+        self.needs_reset.store(true, Ordering::Release);
+        self.quarantine(reason);
+    }
+
+    /// Whether it was quarantined: a query not yet sent must not go out on it.
+    pub(crate) fn is_quarantined(&self) -> bool {
+        self.quarantined.load(Ordering::Acquire) != 0
     }
 
     /// The session was reset: clean again.

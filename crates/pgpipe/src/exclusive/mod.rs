@@ -23,6 +23,7 @@ use tokio::time::Instant;
 pub use connection::Connection;
 pub use transaction::Transaction;
 
+use crate::config::deadline_after;
 use crate::conn::Manager;
 use crate::conn::run::RunSettings;
 use crate::error::{Error, ErrorKind};
@@ -117,14 +118,28 @@ impl Drop for Waiting<'_> {
     }
 }
 
+/// Who will use a checked-out connection, and so whether its session must
+/// be reset before anyone else uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// The caller, with the raw client ([`Pool::get`](crate::Pool::get), an
+    /// atomic batch): it may leave any session state; reset it after.
+    Caller,
+    /// The pool, for queries the guard has checked (with pipelining off):
+    /// whatever their code may leave is cleaned behind them.
+    Pool,
+}
+
 /// The exclusive side; see the module docs.
 #[derive(Debug)]
 pub(crate) struct Exclusive {
     pg: deadpool::managed::Pool<Manager>,
     permits: Arc<Semaphore>,
     claims: Arc<Claims>,
-    /// Tasks waiting in `get()`.
-    waiting: AtomicUsize,
+    /// Tasks waiting in `get()` for a permit (not yet claimed).
+    waiting_permit: AtomicUsize,
+    /// Tasks that hold a claim and wait for the connection itself.
+    waiting_connection: AtomicUsize,
     wait_timeout: Duration,
     /// Whether the pool also has a shared path to make room on.
     pipelining: bool,
@@ -144,7 +159,8 @@ impl Exclusive {
             pg,
             permits: Arc::new(Semaphore::new(max_exclusive)),
             claims: Arc::new(Claims::default()),
-            waiting: AtomicUsize::new(0),
+            waiting_permit: AtomicUsize::new(0),
+            waiting_connection: AtomicUsize::new(0),
             wait_timeout,
             pipelining,
             run,
@@ -158,12 +174,14 @@ impl Exclusive {
 
     /// Tasks waiting in `get()`.
     pub(crate) fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Acquire)
+        self.waiting_permit.load(Ordering::Acquire)
+            + self.waiting_connection.load(Ordering::Acquire)
     }
 
-    /// Connections held by exclusive users: claims not still waiting.
+    /// Connections held by exclusive users: claims whose connection came.
     pub(crate) fn held(&self) -> usize {
-        self.claims.claimed().saturating_sub(self.waiting())
+        let waiting = self.waiting_connection.load(Ordering::Acquire);
+        self.claims.claimed().saturating_sub(waiting)
     }
 
     /// Fails every checkout from now on, and every one waiting.
@@ -172,11 +190,15 @@ impl Exclusive {
     }
 
     /// Checks out an exclusive connection; see [`Pool::get`](crate::Pool::get).
-    pub(crate) async fn checkout(&self, router: &Arc<Router>) -> Result<Connection, Error> {
+    pub(crate) async fn checkout(
+        &self,
+        router: &Arc<Router>,
+        holder: Holder,
+    ) -> Result<Connection, Error> {
         if self.permits.is_closed() {
             return Err(Error::closed());
         }
-        let deadline = Instant::now() + self.wait_timeout;
+        let deadline = deadline_after(self.wait_timeout);
         let permit = match Arc::clone(&self.permits).try_acquire_owned() {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return Err(Error::closed()),
@@ -188,7 +210,7 @@ impl Exclusive {
                          (max_exclusive); waiting for another would wait for itself",
                     ));
                 }
-                let waiting = Waiting::new(&self.waiting);
+                let waiting = Waiting::new(&self.waiting_permit);
                 let permits = Arc::clone(&self.permits);
                 let acquired = tokio::time::timeout_at(deadline, permits.acquire_owned()).await;
                 drop(waiting);
@@ -217,11 +239,13 @@ impl Exclusive {
             create: None,
             recycle: Some(self.wait_timeout),
         };
-        let waiting = Waiting::new(&self.waiting);
+        let waiting = Waiting::new(&self.waiting_connection);
         let object = self.pg.timeout_get(&timeouts).await;
         drop(waiting);
         let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
-        object.state.needs_reset.store(true, Ordering::Release);
+        if holder == Holder::Caller {
+            object.state.needs_reset.store(true, Ordering::Release);
+        }
         object.state.exclusive.store(true, Ordering::Release);
         Ok(Connection::new(object, claim, self.run))
     }

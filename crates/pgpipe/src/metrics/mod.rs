@@ -81,6 +81,8 @@ labels! {
         /// the items of an atomic batch that another item aborted.
         Rejected = "rejected",
         ConnectError = "connect_error",
+        /// Ran past `query_timeout` (it may have run).
+        QueryTimeout = "query_timeout",
     }
 }
 
@@ -94,6 +96,7 @@ impl Outcome {
             ) => Outcome::ClientError,
             Some(ErrorKind::ConnectionLost) => Outcome::ConnectionLost,
             Some(ErrorKind::Timeout) => Outcome::Timeout,
+            Some(ErrorKind::QueryTimeout) => Outcome::QueryTimeout,
             Some(ErrorKind::Connect) => Outcome::ConnectError,
             Some(_) => Outcome::Rejected,
         }
@@ -156,6 +159,9 @@ labels! {
         Transaction = "transaction",
         /// A reported setting changed (`ParameterStatus`).
         SessionState = "session_state",
+        /// The cleanup run behind code the guard cannot read failed, or
+        /// found state it cannot undo (a `PREPARE`d statement).
+        Cleanup = "cleanup",
     }
 }
 

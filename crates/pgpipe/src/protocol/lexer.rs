@@ -11,7 +11,7 @@ pub(crate) enum Token<'a> {
     Quoted(&'a [u8]),
     /// A string literal, number, parameter or operator.
     Other,
-    /// `(`, `)`, `,` or `;`.
+    /// `(`, `)`, `,`, `;` or `.`.
     Punct(u8),
 }
 
@@ -104,7 +104,8 @@ impl<'a> Iterator for Lexer<'a> {
         loop {
             let c = self.peek(0)?;
             match c {
-                c if c.is_ascii_whitespace() => self.at += 1,
+                // PostgreSQL 17 reads a vertical tab as white space too.
+                c if c.is_ascii_whitespace() || c == 0x0b => self.at += 1,
                 b'-' if self.peek(1) == Some(b'-') => {
                     while self.peek(0).is_some_and(|c| c != b'\n') {
                         self.at += 1;
@@ -120,7 +121,7 @@ impl<'a> Iterator for Lexer<'a> {
                     self.skip_dollar();
                     return Some(Token::Other);
                 }
-                b'(' | b')' | b',' | b';' => {
+                b'(' | b')' | b',' | b';' | b'.' => {
                     self.at += 1;
                     return Some(Token::Punct(c));
                 }

@@ -9,6 +9,7 @@
 //!   shared path.
 
 pub(crate) mod framer;
+mod known_code;
 mod lexer;
 pub(crate) mod rtt;
 pub(crate) mod sql_guard;

@@ -22,60 +22,103 @@
 //!   `pg_advisory_lock_shared`, `pg_try_advisory_lock`,
 //!   `pg_try_advisory_lock_shared` (the `_xact_` variants are fine).
 //!
-//! Not checked: what functions, procedures (`CALL`) and `DO` blocks do
-//! inside. That is backed by the wire: a shared connection whose
+//! - statements that do not start with a keyword or `(` (a vertical tab, a
+//!   stray character: PostgreSQL may read them differently than the guard);
+//! - temporary objects named by schema (`pg_temp.orders`), and `EXPLAIN
+//!   ANALYZE` of anything refused here (it runs the statement);
+//! - `UPDATE pg_settings` (a `SET` in disguise);
+//! - `lastval()` and `currval()`, which read a sequence state that another
+//!   task sharing the session may have set.
+//!
+//! What the guard cannot read, it does not vouch for: `DO`, `CALL`, and calls
+//! of functions that are not PostgreSQL's own ([`known_code`](super::known_code)).
+//! [`check`] lets those through as [`Code::Unknown`], and the pool cleans the
+//! session right behind them. The wire backs both: a shared connection whose
 //! `ReadyForQuery` reports a transaction, or that receives a
 //! `ParameterStatus` after start-up, is quarantined at once (see
 //! [`tap`](super::tap)).
 
+use super::known_code::runs_unknown_code;
 use super::lexer::{Lexer, Token};
 use crate::error::{Error, ErrorKind};
 
+/// What the guard can say of SQL it lets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Code {
+    /// Statements and built-in functions the guard reads: nothing else runs.
+    Known,
+    /// Code the guard cannot read runs (`DO`, `CALL`, a function that is
+    /// not PostgreSQL's own): clean the session right behind it.
+    Unknown,
+}
+
 /// Refuses SQL that would change session state; see the module docs.
-pub(crate) fn check(sql: &str) -> Result<(), Error> {
-    match first_refused(sql, refused) {
-        Some(what) => Err(refusal(what)),
-        None => Ok(()),
-    }
+pub(crate) fn check(sql: &str) -> Result<Code, Error> {
+    scan(sql, refused).map_err(refusal)
 }
 
 /// Refuses transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an
 /// item of an atomic batch, which runs the transaction itself: a `COMMIT`
 /// there would end it early and leave the rest of the batch outside it.
 pub(crate) fn check_in_atomic_batch(sql: &str) -> Result<(), Error> {
-    match first_refused(sql, controls_transaction) {
-        Some(what) => Err(Error::new(
+    match scan(sql, refused_in_atomic_batch) {
+        Err("COPY") => Err(Error::new(
+            ErrorKind::NotAllowedInBatch,
+            "COPY in an atomic batch: it streams data the batch does not carry; use \
+             copy_in/copy_out on a connection from pool.get() (conn.client())",
+        )),
+        Err(what) => Err(Error::new(
             ErrorKind::NotAllowedInBatch,
             format!(
                 "{what} in an atomic batch, which runs its own transaction; \
                  use pool.get() and a transaction for explicit control"
             ),
         )),
-        None => Ok(()),
+        Ok(_) => Ok(()),
     }
 }
 
-/// What `refuse` names in the first `;`-separated statement it refuses.
-fn first_refused(
-    sql: &str,
-    refuse: fn(&[Token<'_>]) -> Option<&'static str>,
-) -> Option<&'static str> {
+/// Refuses `COPY` where only queries can run (the [`Executor`](crate::Executor)
+/// methods of an exclusive connection or a transaction): it streams data
+/// through tokio-postgres' own `copy_in`/`copy_out`.
+pub(crate) fn check_not_copy(sql: &str) -> Result<(), Error> {
+    let first = Lexer::new(sql.as_bytes()).find_map(|t| match t {
+        Token::Word(w) => Some(w),
+        _ => None,
+    });
+    if first.is_some_and(|w| is(w, "copy")) {
+        return Err(Error::new(
+            ErrorKind::NotSupported,
+            "COPY through a query method; use copy_in/copy_out on conn.client() \
+             (tokio-postgres); nothing was sent",
+        ));
+    }
+    Ok(())
+}
+
+/// Each `;`-separated statement through `refuse`: the first refusal, or
+/// whether any statement runs code the guard cannot read.
+fn scan(sql: &str, refuse: fn(&[Token<'_>]) -> Option<&'static str>) -> Result<Code, &'static str> {
     if plainly_harmless(sql.as_bytes()) {
-        return None;
+        return Ok(Code::Known);
     }
     let tokens: Lexer<'_> = Lexer::new(sql.as_bytes());
     let mut statement: Vec<Token<'_>> = Vec::new();
+    let mut code = Code::Known;
     for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
         if token == Token::Punct(b';') {
             if let Some(what) = refuse(&statement) {
-                return Some(what);
+                return Err(what);
+            }
+            if runs_unknown_code(&statement) {
+                code = Code::Unknown;
             }
             statement.clear();
         } else {
             statement.push(token);
         }
     }
-    None
+    Ok(code)
 }
 
 const TRANSACTION_CONTROL: &[&str] = &[
@@ -90,12 +133,13 @@ const TRANSACTION_CONTROL: &[&str] = &[
     "prepare",
 ];
 
-fn controls_transaction(statement: &[Token<'_>]) -> Option<&'static str> {
+fn refused_in_atomic_batch(statement: &[Token<'_>]) -> Option<&'static str> {
     let Some(Token::Word(first)) = statement.first() else {
         return None;
     };
     TRANSACTION_CONTROL
         .iter()
+        .chain(&["copy"])
         .find(|w| is(first, w))
         .map(|w| keyword_name(w))
 }
@@ -103,12 +147,22 @@ fn controls_transaction(statement: &[Token<'_>]) -> Option<&'static str> {
 /// The common case, without lexing (or allocating): one statement that
 /// starts with a plain `SELECT`, `INSERT`, `UPDATE`, `DELETE`, `WITH`,
 /// `VALUES` or `TABLE`, and where nothing the full check looks for (`INTO`,
-/// `set_config`, `advisory_lock`, a `;`) appears anywhere.
+/// `set_config`, `advisory_lock`, a `;`, a call's `(` …) appears anywhere.
 fn plainly_harmless(sql: &[u8]) -> bool {
     const STARTS: [&str; 7] = [
         "select", "insert", "update", "delete", "with", "values", "table",
     ];
-    const NEEDLES: [&[u8]; 4] = [b"into", b"set_config", b"advisory_lock", b";"];
+    const NEEDLES: [&[u8]; 9] = [
+        b"into",
+        b"set_config",
+        b"advisory_lock",
+        b";",
+        b"(",
+        b"pg_temp",
+        b"pg_settings",
+        b"lastval",
+        b"currval",
+    ];
     let sql = sql.trim_ascii_start();
     let word = sql
         .iter()
@@ -159,6 +213,31 @@ const SESSION_LOCKS: &[&str] = &[
 
 /// Names what makes one statement (without its `;`) session-changing.
 fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
+    let opening = statement.iter().find(|t| **t != Token::Punct(b'('));
+    if !matches!(opening, None | Some(Token::Word(_))) {
+        return Some("a statement that does not start with a keyword");
+    }
+    if let Some(analyzed) = explained(statement) {
+        return refused(analyzed);
+    }
+    for (i, token) in statement.iter().enumerate() {
+        let (Token::Word(w) | Token::Quoted(w)) = token else {
+            continue;
+        };
+        if w.len() >= 7 && is(&w[..7], "pg_temp") {
+            return Some("a temporary object (pg_temp)");
+        }
+        if is(w, "pg_settings")
+            && statement[..i]
+                .iter()
+                .any(|t| matches!(t, Token::Word(u) if is(u, "update")))
+        {
+            return Some("UPDATE pg_settings (a SET in disguise)");
+        }
+        if (is(w, "lastval") || is(w, "currval")) && is_call(&statement[i + 1..]) {
+            return Some("lastval()/currval() (a sequence's state in this session)");
+        }
+    }
     let words: Vec<&[u8]> = statement
         .iter()
         .skip_while(|t| **t == Token::Punct(b'('))
@@ -198,6 +277,30 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
         }
     }
     None
+}
+
+/// The statement an `EXPLAIN` runs (with `ANALYZE`) or plans, after its
+/// options; `None` for anything but `EXPLAIN`.
+fn explained<'s, 't>(statement: &'s [Token<'t>]) -> Option<&'s [Token<'t>]> {
+    const OPTIONS: [&str; 3] = ["analyze", "analyse", "verbose"];
+    let Some(Token::Word(first)) = statement.first() else {
+        return None;
+    };
+    if !is(first, "explain") {
+        return None;
+    }
+    let mut rest = &statement[1..];
+    if rest.first() == Some(&Token::Punct(b'(')) {
+        let close = rest.iter().position(|t| *t == Token::Punct(b')'))?;
+        rest = &rest[close + 1..];
+    }
+    while let Some(Token::Word(w)) = rest.first() {
+        if !OPTIONS.iter().any(|o| is(w, o)) {
+            break;
+        }
+        rest = &rest[1..];
+    }
+    Some(rest)
 }
 
 fn keyword_name(word: &str) -> &'static str {
@@ -301,7 +404,7 @@ mod tests {
 
     fn refused(sql: &str) -> bool {
         match check(sql) {
-            Ok(()) => false,
+            Ok(_) => false,
             Err(e) => {
                 assert_eq!(e.kind(), ErrorKind::NotAllowedOnShared);
                 assert!(e.to_string().contains("pool.get()"), "{e}");
@@ -457,5 +560,50 @@ mod tests {
         ] {
             let _ = check(sql);
         }
+    }
+
+    #[test]
+    fn session_state_in_disguise_is_refused() {
+        for sql in [
+            "\u{b}SET search_path = x",
+            "\u{b}\u{b}BEGIN",
+            "+SET search_path = x",
+            "UPDATE pg_settings SET setting = 'pg_catalog' WHERE name = 'search_path'",
+            "update pg_catalog.pg_settings set setting = 'x' where name = 'role'",
+            "CREATE TABLE pg_temp.orders (id int)",
+            "SELECT 1 AS a INTO pg_temp.x",
+            "INSERT INTO \"pg_temp\".t VALUES (1)",
+            "EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1",
+            "explain (analyze, buffers) select 1 into temp t",
+            "SELECT lastval()",
+            "select currval('orders_id_seq')",
+            "SELECT pg_catalog.lastval()",
+        ] {
+            assert!(refused(sql), "{sql:?}");
+        }
+    }
+
+    #[test]
+    fn code_the_guard_cannot_read_is_let_through_as_unknown() {
+        let code = |sql| check(sql).unwrap();
+        assert_eq!(code("SELECT $1::int8"), Code::Known);
+        assert_eq!(
+            code("SELECT count(*) FROM t WHERE a IN (1, 2)"),
+            Code::Known
+        );
+        assert_eq!(code("SELECT * FROM pg_settings"), Code::Known);
+        assert_eq!(code("SELECT set_tenant($1)"), Code::Unknown);
+        assert_eq!(code("DO $$ BEGIN PERFORM 1; END $$"), Code::Unknown);
+        assert_eq!(code("CALL p()"), Code::Unknown);
+        assert_eq!(code("SELECT 1; SELECT f()"), Code::Unknown);
+    }
+
+    #[test]
+    fn copy_is_refused_in_atomic_batches_and_query_methods() {
+        let e = check_in_atomic_batch("COPY t FROM STDIN").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotAllowedInBatch);
+        let e = check_not_copy("  copy (delete from t returning *) to stdout").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotSupported);
+        assert!(check_not_copy("SELECT 1").is_ok());
     }
 }

@@ -85,30 +85,30 @@ impl<S> TappedStream<S> {
             }
             _ => {}
         }
-        let (state, metrics) = (&self.state, &self.pool.metrics);
-        let quarantine = |reason: QuarantineReason| {
-            if state.quarantine(reason) {
-                if let Some(metrics) = metrics {
-                    metrics.wire.quarantined(reason);
-                }
-            }
-        };
-        let mut readies = 0;
+        let state = &self.state;
+        let (mut readies, mut copy_ins) = (0, 0);
         self.inbound.feed(bytes, |message| match message.kind {
+            // COPY FROM STDIN over the extended protocol: the Sync sent
+            // behind its Execute is ignored in copy-in mode, and the one
+            // after CopyDone is answered. One request fewer than written.
+            b'G' => copy_ins += 1,
             b'Z' => {
                 let status = message.first.unwrap_or(b'I');
                 state.tx_status.store(status, Ordering::Release);
                 readies += 1;
                 if status != b'I' {
-                    quarantine(QuarantineReason::Transaction);
+                    state.quarantine(QuarantineReason::Transaction);
                 }
             }
             // ParameterStatus before the first ReadyForQuery is start-up.
             b'S' if state.readies.load(Ordering::Acquire) + readies > 0 => {
-                quarantine(QuarantineReason::SessionState);
+                state.quarantine(QuarantineReason::SessionState);
             }
             _ => {}
         });
+        if copy_ins > 0 {
+            state.requests.fetch_sub(copy_ins, Ordering::AcqRel);
+        }
         if readies > 0 {
             state
                 .last_ready_nanos

@@ -15,11 +15,10 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use tokio::time::Instant;
-
 use super::queue;
 use super::route::{self, Candidate, Decision};
 use super::{Router, SharedConn};
+use crate::config::deadline_after;
 use crate::error::{Error, ErrorKind};
 
 /// A query's place on a shared connection (or a batch's places); frees
@@ -184,7 +183,7 @@ impl Router {
                 return Err(error);
             }
         }
-        let deadline = Instant::now() + self.config.wait_timeout;
+        let deadline = deadline_after(self.config.wait_timeout);
         let capacity = self.config.queue_capacity;
         let Some((admission, _waiting)) = self.queue.join(capacity, slow) else {
             return Err(Error::queue_full(capacity));
@@ -208,7 +207,10 @@ impl Router {
     /// Frees a query's place on `conn`, or hands it straight to the oldest
     /// waiting query.
     pub(crate) fn release(self: &Arc<Self>, conn: &Arc<SharedConn>) {
-        if self.queue.len() > 0 && !conn.load().is_closed() {
+        // A place is handed on only while the connection is within its
+        // depth (a batch may have taken it past), so the count never ratchets.
+        let within_depth = conn.in_flight() <= self.config.max_pipeline_depth as u64;
+        if self.queue.len() > 0 && within_depth && !conn.load().is_closed() {
             let handoff = Handoff::new(Arc::clone(conn), Arc::clone(self));
             match self.queue.admit_oldest(handoff) {
                 Ok(()) => return,
@@ -280,8 +282,11 @@ impl Router {
             if survey.stale {
                 self.prune();
             }
-            let room_to_open =
-                survey.live + self.opening.load(Ordering::Acquire) < self.shared_limit();
+            // While opens fail (a server at its connection limit), there is
+            // no room to open: queries use the connections there are.
+            let room_to_open = survey.live + self.opening.load(Ordering::Acquire)
+                < self.shared_limit()
+                && !self.backing_off();
             let index = match route::decide(&survey, room_to_open) {
                 Decision::Go(index) => index,
                 Decision::Open => return Route::Open,
@@ -308,7 +313,7 @@ impl Router {
         // on top is stuck behind something slow.
         let after = self.config.slow_query_threshold.map(|threshold| {
             let floor = self.costs.floor().unwrap_or(threshold);
-            (threshold + floor).as_nanos() as u64
+            u64::try_from(threshold.saturating_add(floor).as_nanos()).unwrap_or(u64::MAX)
         });
         Overdue {
             after,

@@ -75,7 +75,8 @@ impl Costs {
             return false;
         }
         let floor = u64::from(min_of(&self.floor[0], &self.floor[1]));
-        u64::from(fastest) >= floor.saturating_add(threshold.as_micros() as u64)
+        let threshold = u64::try_from(threshold.as_micros()).unwrap_or(u64::MAX);
+        u64::from(fastest) >= floor.saturating_add(threshold)
     }
 
     /// The fastest run of any statement, in the last 5 to 10 s.

@@ -64,6 +64,9 @@ pub(crate) struct Router {
     dispatch_again: AtomicBool,
     /// The last failed open, while its back-off lasts.
     failure: Mutex<Option<OpenFailure>>,
+    /// Until when (the pool's fine clock, nanoseconds) no open is tried; the
+    /// lock-free copy of `failure`'s deadline, for routing.
+    backoff_until: AtomicU64,
     /// How long statements take, for head-of-line-aware routing.
     costs: Costs,
     /// Most pipelined queries in flight at once since the last scrape.
@@ -106,6 +109,7 @@ impl Router {
             dispatching: AtomicBool::new(false),
             dispatch_again: AtomicBool::new(false),
             failure: Mutex::new(None),
+            backoff_until: AtomicU64::new(0),
             costs: Costs::default(),
             depth_high: AtomicU64::new(0),
             wire,

@@ -10,7 +10,6 @@ use tokio::time::Instant;
 use super::{Router, SharedConn};
 use crate::conn::Manager;
 use crate::error::{Error, ErrorKind};
-use crate::metrics::CloseReason;
 use crate::sync::lock;
 
 /// A failed open: no new open starts until `retry_at`, and queries that
@@ -47,14 +46,25 @@ impl Router {
             .then(|| OpenFailure::error(failure.kind, &failure.message))
     }
 
+    /// Whether a recent open failed and its back-off lasts; lock-free.
+    pub(super) fn backing_off(&self) -> bool {
+        let until = self.backoff_until.load(Ordering::Acquire);
+        until != 0 && self.wire.now_nanos() < until
+    }
+
     fn record_open(&self, result: Result<(), &Error>) {
         let mut failure = lock(&self.failure);
         *failure = match result {
-            Ok(()) => None,
+            Ok(()) => {
+                self.backoff_until.store(0, Ordering::Release);
+                None
+            }
             Err(error) => {
                 let backoff = failure
                     .as_ref()
                     .map_or(BACKOFF_FIRST, |f| (f.backoff * 2).min(BACKOFF_MAX));
+                let until = self.wire.now_nanos() + backoff.as_nanos() as u64;
+                self.backoff_until.store(until, Ordering::Release);
                 Some(OpenFailure {
                     retry_at: Instant::now() + backoff,
                     backoff,
@@ -139,20 +149,12 @@ impl Router {
         self.dispatch();
     }
 
-    /// Readies a connection from deadpool for sharing: cleans the session an
-    /// exclusive user may have left, then marks it shared. `None` when it is
+    /// Readies a connection from deadpool for sharing (deadpool's recycle
+    /// already reset whatever session its last user left). `None` when it is
     /// no longer wanted (an exclusive user claimed the room meanwhile).
     async fn make_shared(&self, object: Object<Manager>) -> Result<Option<Arc<SharedConn>>, Error> {
         if self.conns.load().len() >= self.shared_limit() {
             return Ok(None); // dropping it hands it to the waiting get()
-        }
-        if object.state.needs_reset.load(Ordering::Acquire) {
-            if let Err(e) = object.reset_session().await {
-                // Never share a session that could not be cleaned.
-                let conn = Object::take(object);
-                conn.closing(CloseReason::ResetFailed);
-                return Err(e);
-            }
         }
         Ok(Some(Arc::new(SharedConn::new(object, self.wire.ticks()))))
     }

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Router, SharedConn};
-use crate::conn::PgConn;
+use crate::conn::{ConnState, PgConn};
 use crate::metrics::CloseReason;
 
 /// A shared connection with nothing in flight for this many ticks goes back
@@ -41,11 +41,14 @@ impl Router {
     /// request hits whatever the backend runs, so send one only if this
     /// query is the only one in flight there; else let it finish, its
     /// answer discarded (tokio-postgres reads past it).
-    pub(crate) fn late(&self, conn: &SharedConn) {
+    pub(crate) fn late(&self, conn: &SharedConn) -> &'static str {
         let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
         self.retire(conn);
         if alone {
             conn.conn().cancel();
+            "it was cancelled"
+        } else {
+            "it was pipelined with other queries, so it was not cancelled and runs to its end"
         }
     }
 
@@ -59,12 +62,22 @@ impl Router {
         };
         let limit = ticks(stall, tick);
         let now = self.wire.ticks();
+        // A query known to be slow (marked with `pool.slow()`, or learned)
+        // is a long query on a live backend, not a stall: its connection is
+        // left to `query_timeout`.
+        let conns = self.conns.load();
+        let running_slow = |state: &ConnState| {
+            conns
+                .iter()
+                .any(|c| std::ptr::eq(c.state(), state) && c.slow_in_flight() > 0)
+        };
         // Shared connections, and retired or returned ones still owing
         // answers; never one checked out with `get()`.
         for state in self.wire.states() {
             let silent = now.saturating_sub(state.last_progress_tick.load(Ordering::Relaxed));
             let exclusive = state.exclusive.load(Ordering::Acquire);
-            if !exclusive && state.wire_depth() > 0 && silent >= limit && !state.is_dead() {
+            let stalled = !exclusive && state.wire_depth() > 0 && silent >= limit;
+            if stalled && !state.is_dead() && !running_slow(&state) {
                 state.kill(CloseReason::Stalled, self.metrics.as_deref());
             }
         }
