@@ -121,7 +121,9 @@ async fn a_role_set_inside_a_do_block_does_not_leak() {
     let role = unique("safety_role");
     admin()
         .await
-        .batch_execute(&format!("CREATE ROLE {role}"))
+        // A superuser like the login role: `is_superuser` does not change, so
+        // the server reports nothing and only the cleanup can catch it.
+        .batch_execute(&format!("CREATE ROLE {role} SUPERUSER"))
         .await
         .unwrap();
     let pool = one_connection(&app("safety_role"), true);

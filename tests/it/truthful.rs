@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use pgpipe::{ErrorKind, Executor, Pool};
-use pgpipe_test_support::{admin, database_url, unique, with_param};
+use pgpipe_test_support::{admin, database_url, unique};
 use prometheus::Registry;
 
 use crate::support::{Scrape, app, backend_pid, builder};
@@ -342,29 +342,43 @@ async fn fast_queries_are_not_stranded_when_no_connection_can_be_opened() {
         .batch_execute(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"))
         .await
         .unwrap();
-    let url = with_param(
-        &with_param(&database_url(), "user", &role),
-        "application_name",
-        &app("truth_strand"),
-    );
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config.user(&role).application_name(app("truth_strand"));
     let pool = Pool::builder()
-        .url(&url)
+        .config(config)
         .max_size(2)
         .max_exclusive(1)
         .pipelining(true)
-        .wait_timeout(Duration::from_secs(5))
+        .wait_timeout(Duration::from_secs(1))
         .build()
         .unwrap();
-    pool.query("SELECT 1", &[]).await.unwrap();
+    let user: String = pool
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(user, role);
+    // Longer than wait_timeout: a query stranded in the queue times out.
     let slow = {
         let pool = pool.clone();
-        tokio::spawn(async move { pool.slow().query("SELECT pg_sleep(1)", &[]).await })
+        tokio::spawn(async move { pool.slow().query("SELECT pg_sleep(2.5)", &[]).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // Routing would rather open a connection than wait behind the slow
-    // query; none can be opened, so it must take the one there is.
-    let fast = pool.query("SELECT 1", &[]).await;
-    assert!(fast.is_ok(), "{:?}", fast.err());
+    // Routing would rather open a connection than queue behind the slow
+    // query; none can be opened (and the opens back off, longer each time),
+    // so fast queries must take the one there is.
+    let mut fast = Vec::new();
+    for _ in 0..20 {
+        let pool = pool.clone();
+        fast.push(tokio::spawn(
+            async move { pool.query("SELECT 1", &[]).await },
+        ));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for query in fast {
+        let result = query.await.unwrap();
+        assert!(result.is_ok(), "{:?}", result.err());
+    }
     slow.await.unwrap().unwrap();
     drop(pool);
     admin()
