@@ -171,3 +171,65 @@ async fn prefer_falls_back_to_plaintext_and_is_still_observed() {
         "round trips timed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reaches_a_server_that_only_speaks_tls() {
+    let certs = certificates();
+    // Plaintext is refused outright: a cancel sent in the clear (with the
+    // connection's secret key in it) never reaches the backend.
+    let hba = "local all all trust\n\
+               hostssl all all 127.0.0.1/32 trust\n\
+               hostnossl all all 0.0.0.0/0 reject\n";
+    let cluster = match Cluster::builder()
+        .setting("ssl", "on")
+        .setting("ssl_cert_file", "server.crt")
+        .setting("ssl_key_file", "server.key")
+        .file("server.crt", certs.server_pem.clone())
+        .file("server.key", certs.server_key_pem.clone())
+        .file("pg_hba.conf", hba)
+        .start()
+    {
+        Ok(cluster) => cluster,
+        Err(e) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "{e}");
+            eprintln!("no throwaway cluster here ({e}); skipping");
+            return;
+        }
+    };
+    let url = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=require&application_name=tls_cancel",
+        cluster.port()
+    );
+    let pool = Pool::builder()
+        .url(&url)
+        .tls(trusting(&certs.ca))
+        .max_size(2)
+        .query_timeout(std::time::Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let e = pool.query("SELECT pg_sleep(10)", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::QueryTimeout, "{e}");
+    // The server stopped sleeping: the cancel got through (without it the
+    // pool would wait out its grace and close the connection instead).
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(4),
+        "the cancel did not reach the server: {:?}",
+        start.elapsed()
+    );
+    let observer = Pool::builder()
+        .url(&url.replace("tls_cancel", "tls_observer"))
+        .tls(trusting(&certs.ca))
+        .build()
+        .unwrap();
+    let active: i64 = observer
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'tls_cancel' AND state = 'active'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(active, 0, "the timed-out query still runs on the server");
+}

@@ -400,3 +400,60 @@ async fn a_slow_query_is_not_a_stall() {
     let rows = pool.slow().query("SELECT pg_sleep(1)", &[]).await;
     assert!(rows.is_ok(), "{:?}", rows.err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_caps_holds_its_connection_until_drained() {
+    // Head-of-line awareness off: it would see the connection as overdue
+    // anyway; the drain itself must keep new queries off it.
+    let pool = builder(&app("truth_caps"))
+        .max_size(2)
+        .max_exclusive(1)
+        .pipelining(true)
+        .slow_query_threshold(None)
+        .max_result_rows(10)
+        .build()
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let big = {
+        let (pool, order) = (pool.clone(), order.clone());
+        tokio::spawn(async move {
+            let e = pool
+                .query("SELECT generate_series(1, 3000000)", &[])
+                .await
+                .unwrap_err();
+            order.lock().unwrap().push("big");
+            e
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    // While the server streams the rest of the big answer, a new query does
+    // not queue behind it: the connection counts as held up.
+    pool.query("SELECT 1", &[]).await.unwrap();
+    order.lock().unwrap().push("small");
+    let e = big.await.unwrap();
+    assert_eq!(e.kind(), ErrorKind::TooLarge, "{e}");
+    assert!(
+        e.may_have_run(),
+        "the statement ran; only its answer was dropped"
+    );
+    assert_eq!(*order.lock().unwrap(), ["small", "big"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cancel_hits_the_statement_after_a_timed_out_one() {
+    let pool = builder(&app("truth_cancel_next"))
+        .max_size(1)
+        .query_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let conn = pool.get().await.unwrap();
+    // Queries that end right around their deadline: the cancel may arrive
+    // after the query is done. It must never hit the next statement.
+    for i in 0..30 {
+        let sleep = format!("SELECT pg_sleep({})", 0.095 + f64::from(i % 3) * 0.005);
+        let _ = Executor::query(&conn, &sleep, &[]).await;
+        let next = Executor::query(&conn, "SELECT pg_sleep(0.02)", &[]).await;
+        assert!(next.is_ok(), "round {i}: {:?}", next.err());
+    }
+}

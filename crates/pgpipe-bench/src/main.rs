@@ -43,7 +43,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --rounds N         rounds per cell; tables show the median round
   --duration SECS    measured seconds per cell
   --warmup SECS      unmeasured seconds before each cell
-  --workloads LIST   echo,web,head-of-line,writes
+  --workloads LIST   echo,web,head-of-line,writes,functions
   --delays-us LIST   one-way delays in microseconds (0 = direct)
   --tasks LIST       concurrent tasks, e.g. 1,64,512
   --targets TEXT     only targets whose name contains TEXT
@@ -258,7 +258,8 @@ async fn run(
     let table: Arc<str> = Arc::from(format!("pgpipe_bench_writes_{}", std::process::id()));
     admin
         .batch_execute(&format!(
-            "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (task int8, n int8)"
+            "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (task int8, n int8); {}",
+            workload::function_ddl(&table)
         ))
         .await?;
     let proxy = Arc::new(Proxy::builder(format!("{}:{}", server.host, server.port)).start()?);
@@ -312,7 +313,9 @@ async fn run(
         }
     }
     admin
-        .batch_execute(&format!("DROP TABLE IF EXISTS {table}"))
+        .batch_execute(&format!(
+            "DROP TABLE IF EXISTS {table}; DROP FUNCTION IF EXISTS {table}_echo(int8)"
+        ))
         .await?;
 
     let medians = report::medians(&records);

@@ -23,6 +23,10 @@ pub(crate) enum Workload {
     HeadOfLine,
     /// Single-row `INSERT`s into an unlogged table.
     Writes,
+    /// Echo, with 10% of the queries calling a user-defined (plpgsql)
+    /// function: code the pool's guard cannot read, so on pgpipe's shared
+    /// path each such query has the session cleanup pipelined behind it.
+    Functions,
 }
 
 const ECHO: &str = "SELECT $1::int8";
@@ -34,11 +38,12 @@ const WEB: [&str; 3] = [
 const SLOW: &str = "SELECT $1::int8 FROM pg_sleep(0.02)";
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 4] = [
+    pub(crate) const ALL: [Workload; 5] = [
         Workload::Echo,
         Workload::Web,
         Workload::HeadOfLine,
         Workload::Writes,
+        Workload::Functions,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -47,6 +52,7 @@ impl Workload {
             Workload::Web => "web",
             Workload::HeadOfLine => "head-of-line",
             Workload::Writes => "writes",
+            Workload::Functions => "functions",
         }
     }
 
@@ -61,6 +67,7 @@ impl Workload {
             Workload::Web => WEB.iter().map(|s| s.to_string()).collect(),
             Workload::HeadOfLine => vec![ECHO.into(), SLOW.into()],
             Workload::Writes => vec![insert_sql(table)],
+            Workload::Functions => vec![ECHO.into(), function_sql(table)],
         }
     }
 
@@ -71,6 +78,19 @@ impl Workload {
             _ => 1,
         }
     }
+}
+
+/// The user-defined function the `functions` workload calls; made and
+/// dropped with the benchmark's table.
+pub(crate) fn function_ddl(table: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {table}_echo(v int8) RETURNS int8 LANGUAGE plpgsql AS \
+         $$ BEGIN RETURN v; END $$"
+    )
+}
+
+fn function_sql(table: &str) -> String {
+    format!("SELECT {table}_echo($1)")
 }
 
 fn insert_sql(table: &str) -> String {
@@ -116,6 +136,16 @@ async fn request(
             answer.slow = (task * 7919 + n) % 100 == 0;
             let sql = if answer.slow { SLOW } else { ECHO };
             answer.mismatches = check(target.query(sql, &[&value]).await?, value);
+        }
+        Workload::Functions => {
+            // Deterministic 10%: the same requests call the function for
+            // every target.
+            let sql = if (task * 7919 + n) % 10 == 0 {
+                function_sql(table)
+            } else {
+                ECHO.into()
+            };
+            answer.mismatches = check(target.query(&sql, &[&value]).await?, value);
         }
         Workload::Writes => {
             let (task_id, n_id) = (task as i64, n as i64);

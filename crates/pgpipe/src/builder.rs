@@ -222,7 +222,8 @@ impl PoolBuilder {
 
     /// The value of the `pool` label on every metric, so that several pools
     /// can share a registry. Default: `host:port/dbname` of the first host
-    /// (never the user or password).
+    /// (`host:port` when the URL names no database; never the user or
+    /// password).
     pub fn pool_name(mut self, name: impl Into<String>) -> Self {
         self.config.pool_name = Some(name.into());
         self
@@ -289,11 +290,12 @@ fn default_pool_name(server: &tokio_postgres::Config) -> String {
         (None, None) => "unknown".into(),
     };
     let port = server.get_ports().first().copied().unwrap_or(5432);
-    let db = server
-        .get_dbname()
-        .or(server.get_user())
-        .unwrap_or("postgres");
-    format!("{host}:{port}/{db}")
+    // Without a database name the server uses the user's; the label never
+    // names the user, so it names no database then.
+    match server.get_dbname() {
+        Some(db) => format!("{host}:{port}/{db}"),
+        None => format!("{host}:{port}"),
+    }
 }
 
 #[cfg(test)]

@@ -368,7 +368,6 @@ fn run_settings(config: &PoolConfig) -> RunSettings {
         limits: Limits {
             max_bytes: config.max_result_bytes,
             max_rows: config.max_result_rows,
-            drain: false,
         },
         query_timeout: config.query_timeout,
     }

@@ -107,7 +107,7 @@ async fn run_shared(
         let target = conn.conn().target();
         let query = run::run(target, prepare, sql, params, op, settings.limits, clean);
         let result =
-            run::within_deadline(settings.query_timeout, query, || router.late(conn)).await;
+            run::within_deadline(settings.query_timeout, target, query, || router.late(conn)).await;
         if result.is_ok() {
             cost.learn(router.costs(), admitted);
         }

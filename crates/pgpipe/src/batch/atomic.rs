@@ -13,7 +13,7 @@ use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::conn::params;
-use crate::conn::run::{self, Limits, Prepare, Target};
+use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::protocol::sql_guard;
@@ -61,12 +61,9 @@ impl Batch<'_> {
             Ok(statements) => statements,
             Err((i, e)) => return Ok(self.abort(i, e, false)),
         };
-        // With `drain`, an answer past the result caps is read to its end,
-        // so that an error hidden behind it still shows.
-        let limits = Limits {
-            drain: true,
-            ..inner.run_settings().limits
-        };
+        // An answer past the result caps is read to its end (see
+        // `conn::run::collect`), so that an error hidden behind it still shows.
+        let limits = inner.run_settings().limits;
         let steps: Vec<Step> = std::iter::once(Step::Begin)
             .chain((0..self.items.len()).map(Step::Item))
             .chain(std::iter::once(Step::Commit))
@@ -84,11 +81,8 @@ impl Batch<'_> {
             }
         };
         let deadline = inner.run_settings().query_timeout;
-        let cancel = || {
-            target.cancel();
-            "cancelled"
-        };
-        let Ok(answers) = run::within_deadline(deadline, pipeline, cancel).await else {
+        let timed = run::within_deadline(deadline, target, pipeline, || Late::Cancel);
+        let Ok(answers) = timed.await else {
             return Err(Error::new(
                 ErrorKind::QueryTimeout,
                 "the atomic batch ran past query_timeout and was cancelled; whether it \

@@ -9,7 +9,7 @@ use super::ordered::{each_in_order, join_in_order};
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::conn::params;
-use crate::conn::run::{self, Prepare, Target};
+use crate::conn::run::{self, Late, Prepare, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::pool::PoolInner;
@@ -56,11 +56,8 @@ impl Batch<'_> {
                 let mut out = unanswered(pending.len());
                 let round = self.round(target, Prepare::Inline, &pending, clean, &mut out);
                 let deadline = inner.run_settings().query_timeout;
-                let cancel = || {
-                    target.cancel();
-                    "it was cancelled"
-                };
-                if run::within_deadline(deadline, round, cancel).await.is_err() {
+                let timed = run::within_deadline(deadline, target, round, || Late::Cancel);
+                if timed.await.is_err() {
                     time_out(&mut out);
                 }
                 for (i, result) in pending.iter().zip(out) {
@@ -108,7 +105,7 @@ impl Batch<'_> {
             let conn = Arc::clone(&place.conn);
             let target = conn.conn().target();
             let round = self.round(target, Prepare::Spawned(&conn), indices, clean, &mut out);
-            if run::within_deadline(deadline, round, || router.late(&conn))
+            if run::within_deadline(deadline, target, round, || router.late(&conn))
                 .await
                 .is_err()
             {

@@ -43,9 +43,21 @@ pub(crate) enum Socket {
 /// The stream type of every pooled connection.
 pub(crate) type PgStream = TappedStream<Socket>;
 
-/// Where a connection went: cancel requests open a socket there.
+/// Where a connection went, and how to reach it again: a cancel request
+/// opens a socket there, with the connection's TLS settings (a TLS-only
+/// endpoint drops plaintext, and the cancel key is a secret) and within the
+/// connect timeout.
 #[derive(Debug, Clone)]
-pub(crate) enum Peer {
+pub(crate) struct Peer {
+    addr: PeerAddr,
+    /// The host name TLS checks the certificate against.
+    hostname: String,
+    tls: Tls,
+    timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+enum PeerAddr {
     Tcp(std::net::SocketAddr),
     #[cfg(unix)]
     Unix(std::path::PathBuf),
@@ -87,10 +99,21 @@ pub(crate) async fn connect(
             _ => "",
         };
         match open_socket(config, &host, port).await {
-            Ok((socket, peer)) => {
+            Ok((socket, addr)) => {
                 let stream = TappedStream::new(socket, Arc::clone(&state), Arc::clone(wire));
                 match handshake(config, stream, tls, hostname, &state, wire).await {
-                    Ok(connected) => return Ok((connected, peer)),
+                    Ok(connected) => {
+                        let peer = Peer {
+                            addr,
+                            hostname: hostname.to_owned(),
+                            tls: tls.clone(),
+                            timeout: config
+                                .get_connect_timeout()
+                                .copied()
+                                .unwrap_or(CANCEL_TIMEOUT),
+                        };
+                        return Ok((connected, peer));
+                    }
                     Err(e) => last = Some(Error::connect(e)),
                 }
             }
@@ -133,7 +156,7 @@ fn port_for(config: &Config, i: usize) -> u16 {
     ports.get(i).or(ports.first()).copied().unwrap_or(5432)
 }
 
-async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<(Socket, Peer), Error> {
+async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<(Socket, PeerAddr), Error> {
     match host {
         Host::Tcp(name) => {
             let addrs = with_timeout(config, tokio::net::lookup_host((name.as_str(), port)))
@@ -144,7 +167,7 @@ async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<(Socket,
                 match with_timeout(config, TcpStream::connect(addr)).await {
                     Ok(stream) => {
                         configure_tcp(config, &stream).map_err(socket_error)?;
-                        return Ok((Socket::Tcp(stream), Peer::Tcp(addr)));
+                        return Ok((Socket::Tcp(stream), PeerAddr::Tcp(addr)));
                     }
                     Err(e) => last = Some(e),
                 }
@@ -155,7 +178,7 @@ async fn open_socket(config: &Config, host: &Host, port: u16) -> Result<(Socket,
         Host::Unix(dir) => {
             let path = dir.join(format!(".s.PGSQL.{port}"));
             let stream = with_timeout(config, UnixStream::connect(&path)).await?;
-            Ok((Socket::Unix(stream), Peer::Unix(path)))
+            Ok((Socket::Unix(stream), PeerAddr::Unix(path)))
         }
     }
 }
@@ -211,20 +234,87 @@ fn connect_error(message: &str) -> Error {
     Error::new(ErrorKind::Connect, message)
 }
 
+/// How long a cancel request may take when the connection has no connect
+/// timeout of its own.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Asks the server to cancel whatever `token`'s backend is running, over a
-/// new socket to `peer`. Best effort: the answer is never awaited.
+/// new socket to `peer`, with the connection's TLS settings; returns once
+/// the server has taken the request (it closes the socket), or the connect
+/// timeout passed. Best effort: a failure leaves the query to finish.
 pub(crate) async fn send_cancel_request(peer: &Peer, token: &tokio_postgres::CancelToken) {
-    let _ = match peer {
-        Peer::Tcp(addr) => match TcpStream::connect(addr).await {
-            Ok(stream) => token.cancel_query_raw(stream, NoTls).await,
-            Err(_) => return,
-        },
-        #[cfg(unix)]
-        Peer::Unix(path) => match UnixStream::connect(path).await {
-            Ok(stream) => token.cancel_query_raw(stream, NoTls).await,
-            Err(_) => return,
-        },
+    let request = async {
+        match &peer.addr {
+            PeerAddr::Tcp(addr) => {
+                let Ok(stream) = TcpStream::connect(addr).await else {
+                    return;
+                };
+                let stream = UntilClosed(stream);
+                #[cfg(feature = "rustls")]
+                if let Some(rustls) = &peer.tls.rustls {
+                    use tokio_postgres::tls::MakeTlsConnect;
+                    let Ok(connector) = MakeTlsConnect::<UntilClosed<TcpStream>>::make_tls_connect(
+                        &mut rustls.clone(),
+                        &peer.hostname,
+                    );
+                    let _ = token.cancel_query_raw(stream, connector).await;
+                    return;
+                }
+                let _ = (&peer.tls, &peer.hostname);
+                let _ = token.cancel_query_raw(stream, NoTls).await;
+            }
+            #[cfg(unix)]
+            PeerAddr::Unix(path) => {
+                if let Ok(stream) = UnixStream::connect(path).await {
+                    let _ = token.cancel_query_raw(UntilClosed(stream), NoTls).await;
+                }
+            }
+        }
     };
+    let _ = tokio::time::timeout(peer.timeout, request).await;
+}
+
+/// A cancel request's socket, whose shutdown completes only when the server
+/// closes its end: the server signals the backend before it does, so once
+/// the request "finished", the backend has been told.
+struct UntilClosed<S>(S);
+
+impl<S: AsyncRead + Unpin> AsyncRead for UntilClosed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for UntilClosed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(Pin::new(&mut self.0).poll_shutdown(cx))?;
+        // Read (and drop) until the server closes: it answers a cancel
+        // request with nothing but that.
+        let mut scratch = [0u8; 64];
+        loop {
+            let mut buf = ReadBuf::new(&mut scratch);
+            std::task::ready!(Pin::new(&mut self.0).poll_read(cx, &mut buf))?;
+            if buf.filled().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
 }
 
 /// Runs the `target_session_attrs` check that `connect_raw` skips.

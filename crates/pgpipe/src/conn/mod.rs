@@ -118,11 +118,6 @@ impl PgConn {
         let now = self.wire.ticks();
         self.state.returned_tick.store(now, Ordering::Relaxed);
     }
-
-    /// Asks the server to cancel what this connection's backend runs now.
-    pub(crate) fn cancel(&self) {
-        spawn_cancel(&self.peer, &self.client);
-    }
 }
 
 /// Undoes every session change that can be undone in one round trip: the
@@ -133,15 +128,6 @@ impl PgConn {
 pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
      SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
      UNLISTEN *; CLOSE ALL";
-
-/// Asks the server behind `peer` to cancel what `client`'s backend runs now,
-/// without waiting for the answer.
-pub(crate) fn spawn_cancel(peer: &Peer, client: &Client) {
-    let (peer, token) = (peer.clone(), client.cancel_token());
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move { connect::send_cancel_request(&peer, &token).await });
-    }
-}
 
 impl Drop for PgConn {
     fn drop(&mut self) {

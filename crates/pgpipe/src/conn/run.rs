@@ -11,13 +11,13 @@ use futures_core::Stream;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, SimpleQueryMessage, Statement};
 
-use super::connect::Peer;
+use super::connect::{Peer, send_cancel_request};
 use super::params::{self, Params};
 use super::statement_cache::{self, Lookup, StatementCache, Ticket};
-use super::{ConnState, SESSION_CLEANUP, spawn_cancel};
+use super::{ConnState, SESSION_CLEANUP};
 use crate::answer::{Answer, Op};
 use crate::error::{Error, ErrorKind};
-use crate::metrics::QuarantineReason;
+use crate::metrics::{CloseReason, QuarantineReason};
 
 /// Where a query runs: a connection's client (or a transaction on it), the
 /// connection's statement cache and what its tap sees.
@@ -38,9 +38,10 @@ impl Target<'_> {
         self.client.is_closed() || self.state.is_dead()
     }
 
-    /// Asks the server to cancel what the backend runs now, without waiting.
-    pub(crate) fn cancel(&self) {
-        spawn_cancel(self.peer, self.client);
+    /// Asks the server to cancel what the backend runs now, and waits until
+    /// the server took the request (or the connect timeout passed).
+    pub(crate) async fn cancel_and_wait(&self) {
+        send_cancel_request(self.peer, &self.client.cancel_token()).await;
     }
 }
 
@@ -68,11 +69,6 @@ pub(crate) trait SpawnPrepare: Send + Sync {
 pub(crate) struct Limits {
     pub(crate) max_bytes: Option<usize>,
     pub(crate) max_rows: Option<usize>,
-    /// Past a cap, read the rest of the answer (keeping nothing) to learn
-    /// whether the statement itself succeeded, instead of leaving it to the
-    /// connection. Atomic batches need that: a hidden error means their
-    /// transaction was rolled back.
-    pub(crate) drain: bool,
 }
 
 /// How a query on a connection of its own runs: its answer's caps and its
@@ -107,7 +103,8 @@ pub(crate) async fn run(
         let (statement, generation) = cached_statement(target, prepare, sql).await?;
         params::check_params(&statement, params, false)?;
         let result = if clean {
-            send_then_clean(target, &statement, params, op, limits).await
+            // Boxed: the rare path keeps the common future small.
+            Box::pin(send_then_clean(target, &statement, params, op, limits)).await
         } else {
             send(target, &statement, params, op, limits).await
         };
@@ -223,26 +220,97 @@ pub(crate) async fn run_alone(
         settings.limits,
         clean,
     );
-    within_deadline(settings.query_timeout, run, || {
-        target.cancel();
-        "it was cancelled"
+    within_deadline(settings.query_timeout, target, run, || Late::Cancel).await
+}
+
+/// What becomes of a query still on the wire when its deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Late {
+    /// It is alone on its connection: cancel it, and wait until its answer
+    /// is in, so that the connection is in step and no late cancel can hit
+    /// the next statement. Past [`CANCEL_GRACE`] the connection is closed.
+    Cancel,
+    /// It is pipelined with neighbours: a cancel would hit whatever the
+    /// backend runs, so it runs to its end and its answer is dropped.
+    Abandon,
+}
+
+/// How long a cancelled query has to answer before its connection is closed.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// Waits until a cancelled query has answered and its cancel request went
+/// through, or, if the connection died, only for the query.
+async fn settle<T>(
+    target: Target<'_>,
+    mut cancel: std::pin::Pin<Box<impl Future<Output = ()>>>,
+    mut query: std::pin::Pin<&mut impl Future<Output = Result<T, Error>>>,
+) -> Result<T, Error> {
+    let (mut cancelled, mut outcome) = (false, None);
+    std::future::poll_fn(|cx| {
+        if !cancelled && cancel.as_mut().poll(cx).is_ready() {
+            cancelled = true;
+        }
+        if outcome.is_none() {
+            if let Poll::Ready(result) = query.as_mut().poll(cx) {
+                outcome = Some(result);
+            }
+        }
+        match outcome.take() {
+            Some(result) if cancelled || target.is_dead() => Poll::Ready(result),
+            taken => {
+                outcome = taken;
+                Poll::Pending
+            }
+        }
     })
     .await
 }
 
-/// Runs `query` within `deadline`; if it runs out, calls `late`, which
-/// deals with the query still on the wire and says what became of it.
+/// Runs `query` on `target` within `deadline`; past it, `late` decides
+/// what becomes of the query (see [`Late`]).
 pub(crate) async fn within_deadline<T>(
     deadline: Option<Duration>,
+    target: Target<'_>,
     query: impl Future<Output = Result<T, Error>>,
-    late: impl FnOnce() -> &'static str,
+    late: impl FnOnce() -> Late,
 ) -> Result<T, Error> {
     let Some(deadline) = deadline else {
         return query.await;
     };
-    match tokio::time::timeout(deadline, query).await {
-        Ok(result) => result,
-        Err(_) => Err(Error::query_timeout(late())),
+    let mut query = pin!(query);
+    if let Ok(result) = tokio::time::timeout(deadline, query.as_mut()).await {
+        return result;
+    }
+    match late() {
+        Late::Abandon => Err(Error::query_timeout(
+            "it was pipelined with other queries, so it was not cancelled and runs to its end",
+        )),
+        Late::Cancel => {
+            // Boxed: a cancel request (a socket, maybe TLS) is a large
+            // future, and a rare one.
+            let cancel = Box::pin(target.cancel_and_wait());
+            match tokio::time::timeout(CANCEL_GRACE, settle(target, cancel, query)).await {
+                // Still running, or the cancel never got through: this
+                // connection cannot be trusted to be in step with its next
+                // user.
+                Err(_) => target.state.kill(CloseReason::Broken),
+                // Lost meanwhile: nothing left to hit.
+                Ok(_) if target.is_dead() => {}
+                // The cancel ended the query: it is used up.
+                Ok(Err(e)) if e.code() == Some(&SqlState::QUERY_CANCELED) => {}
+                // The query ended first, so the cancel may still be pending
+                // on the backend (PostgreSQL acts on it at the next
+                // statement): a throwaway statement takes it, not the next
+                // caller's.
+                Ok(_) => {
+                    let absorb = target.client.batch_execute("SELECT 1");
+                    if tokio::time::timeout(CANCEL_GRACE, absorb).await.is_err() {
+                        target.state.kill(CloseReason::Broken);
+                    }
+                }
+            }
+            Err(Error::query_timeout("it was cancelled"))
+        }
     }
 }
 
@@ -323,9 +391,11 @@ pub(crate) async fn send(
 }
 
 /// Reads a query's rows, within `limits`. Past a limit the rest of the
-/// answer is left to the connection, which reads and discards it (or, with
-/// `drain`, read here and dropped): the connection stays in step and its
-/// other queries are unaffected.
+/// answer is read here and dropped, keeping nothing: the query keeps its
+/// place until the server is done with it (so the router sees the
+/// connection busy, and held up while it drains), the connection stays in
+/// step, and an error hidden behind the rows still shows (an atomic batch
+/// needs that: it means its transaction was rolled back).
 async fn collect(
     target: Target<'_>,
     statement: &Statement,
@@ -341,6 +411,7 @@ async fn collect(
     let mut stream = std::pin::pin!(stream);
     let (mut rows, mut bytes) = (Vec::new(), 0usize);
     let mut too_large = None;
+    let mut _draining = None;
     while let Some(row) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
         let row = row.map_err(failed)?;
         if too_large.is_some() {
@@ -348,10 +419,11 @@ async fn collect(
         }
         bytes += row.raw_size_bytes();
         too_large = past_limits(limits, bytes, rows.len());
-        match &too_large {
-            None => rows.push(row),
-            Some(_) if limits.drain => rows = Vec::new(),
-            Some(_) => break,
+        if too_large.is_some() {
+            rows = Vec::new();
+            _draining = Some(target.state.draining());
+        } else {
+            rows.push(row);
         }
     }
     match too_large {

@@ -153,6 +153,17 @@ pub(crate) struct ConnState {
     close_counted: AtomicBool,
     /// Where quarantines and closes are counted.
     metrics: Option<Arc<Metrics>>,
+    /// Answers over the result caps being read and dropped.
+    draining: AtomicU64,
+}
+
+/// Counts an answer as draining while it lives.
+pub(crate) struct Draining<'a>(&'a AtomicU64);
+
+impl Drop for Draining<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl ConnState {
@@ -173,13 +184,13 @@ impl ConnState {
 
     /// Ends the connection now: its I/O task stops, the socket closes, and
     /// every query in flight fails with `ConnectionLost`.
-    pub(crate) fn kill(&self, reason: CloseReason, metrics: Option<&Metrics>) {
+    pub(crate) fn kill(&self, reason: CloseReason) {
         self.closing(reason);
         self.load.mark_dead();
         if let Some(io) = self.io.get() {
             io.abort();
         }
-        self.count_close(metrics, reason);
+        self.count_close(self.metrics.as_deref(), reason);
     }
 
     /// Counts the connection as closed, once, whoever notices first (the
@@ -243,6 +254,18 @@ impl ConnState {
     pub(crate) fn left_dirty(&self, reason: QuarantineReason) {
         self.needs_reset.store(true, Ordering::Release);
         self.quarantine(reason);
+    }
+
+    /// Notes an answer over the result caps being read and dropped, until
+    /// the guard is dropped: the connection is held up meanwhile.
+    pub(crate) fn draining(&self) -> Draining<'_> {
+        self.draining.fetch_add(1, Ordering::AcqRel);
+        Draining(&self.draining)
+    }
+
+    /// Whether an answer over the caps is being drained.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire) > 0
     }
 
     /// Whether it was quarantined: a query not yet sent must not go out on it.

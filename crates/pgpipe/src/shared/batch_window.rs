@@ -35,7 +35,8 @@ impl Gate {
     /// Waits until this query's batch is released.
     pub(super) async fn pass(&self, window: Duration, max_batch: usize) {
         let opened = self.opened.notified();
-        tokio::pin!(opened);
+        let filled = self.full.notified();
+        tokio::pin!(opened, filled);
         // Decide under the lock, wait outside it.
         let role = {
             let mut state = lock(&self.state);
@@ -50,17 +51,21 @@ impl Gate {
             } else {
                 state.leader = true;
                 state.waiting = 1;
+                // Registered under the lock too: a follower that fills the
+                // batch wakes exactly this leader, and leaves no permit
+                // behind for the next one (whose window would end at once).
+                filled.as_mut().enable();
                 Role::Leader
             }
         };
         match role {
             Role::Leader => {
                 let _open_on_drop = OpenOnDrop(self);
-                let _ = tokio::time::timeout(window, self.full.notified()).await;
+                let _ = tokio::time::timeout(window, filled).await;
             }
             Role::Follower { full } => {
                 if full {
-                    self.full.notify_one();
+                    self.full.notify_waiters();
                 }
                 // The leader always opens the gate (its guard runs even when
                 // it is cancelled); the timeout is a second line of defence.
@@ -153,5 +158,30 @@ mod tests {
         let start = tokio::time::Instant::now();
         follower.await.unwrap();
         assert!(start.elapsed() < Duration::from_millis(100));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_leaves_no_early_opening_for_the_next_one() {
+        let gate = Arc::new(Gate::default());
+        // A batch of two fills up (max 2) and opens early.
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let gate = Arc::clone(&gate);
+            tasks.push(tokio::spawn(async move {
+                gate.pass(Duration::from_secs(1), 2).await;
+            }));
+            tokio::task::yield_now().await;
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        // The next leader, alone, waits out its whole window.
+        let start = tokio::time::Instant::now();
+        gate.pass(Duration::from_millis(500), 2).await;
+        assert!(
+            start.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }

@@ -70,9 +70,11 @@ impl<P: Place> WaitQueue<P> {
         self.live.load(Ordering::Acquire)
     }
 
-    /// Whether any waiter has not been answered yet (some may have given up).
+    /// Whether any waiter still waits for an answer; waiters that gave up
+    /// need none (and must not make the router open a connection for
+    /// nobody).
     pub(crate) fn has_unanswered(&self) -> bool {
-        !lock(&self.waiters).is_empty()
+        lock(&self.waiters).iter().any(|w| !w.sender.is_closed())
     }
 
     /// Whether the oldest waiter still waiting is a slow query.

@@ -21,6 +21,9 @@ pub(crate) struct Candidate {
     pub(crate) in_flight: u64,
     /// Takes no new work (retiring, quarantined, dead).
     pub(crate) closed: bool,
+    /// Reads and drops an answer over the result caps: a query put behind
+    /// it would wait for the whole answer, so it has no room meanwhile.
+    pub(crate) draining: bool,
     /// Slow queries in flight on it.
     pub(crate) slow: u64,
     /// It owes answers and has read none for longer than a healthy pipeline
@@ -115,7 +118,7 @@ pub(crate) fn survey(
             continue;
         }
         survey.live += 1;
-        if c.in_flight >= rules.max_depth {
+        if c.in_flight >= rules.max_depth || c.draining {
             continue;
         }
         survey.with_room += 1;
@@ -216,6 +219,20 @@ mod tests {
         assert_eq!(s.best.map(|(i, _)| i), Some(2));
         assert!(s.stale);
         assert_eq!((s.live, s.with_room, s.in_flight), (2, 1, 7));
+    }
+
+    #[test]
+    fn a_draining_connection_has_no_room() {
+        let draining = Candidate {
+            draining: true,
+            ..with(1)
+        };
+        let s = survey([draining, with(2)], false, FILL);
+        assert_eq!(s.best.map(|(i, _)| i), Some(1));
+        assert_eq!(
+            decide(&survey([draining], false, FILL), true),
+            Decision::Open
+        );
     }
 
     #[test]

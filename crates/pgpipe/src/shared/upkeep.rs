@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::{Router, SharedConn};
+use crate::conn::run::Late;
 use crate::conn::{ConnState, PgConn};
 use crate::metrics::CloseReason;
 
@@ -38,18 +39,13 @@ impl Router {
 
     /// A query ran out of time on a shared connection. Whatever holds it up
     /// would hold up new queries too: route no more work there. A cancel
-    /// request hits whatever the backend runs, so send one only if this
-    /// query is the only one in flight there; else let it finish, its
-    /// answer discarded (tokio-postgres reads past it).
-    pub(crate) fn late(&self, conn: &SharedConn) -> &'static str {
+    /// request hits whatever the backend runs, so cancel only if this query
+    /// is the only one in flight there; else let it finish, its answer
+    /// discarded (tokio-postgres reads past it).
+    pub(crate) fn late(&self, conn: &SharedConn) -> Late {
         let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
         self.retire(conn);
-        if alone {
-            conn.conn().cancel();
-            "it was cancelled"
-        } else {
-            "it was pipelined with other queries, so it was not cancelled and runs to its end"
-        }
+        if alone { Late::Cancel } else { Late::Abandon }
     }
 
     /// The no-progress watchdog: kills shared connections that owe answers
@@ -78,7 +74,7 @@ impl Router {
             let exclusive = state.exclusive.load(Ordering::Acquire);
             let stalled = !exclusive && state.wire_depth() > 0 && silent >= limit;
             if stalled && !state.is_dead() && !running_slow(&state) {
-                state.kill(CloseReason::Stalled, self.metrics.as_deref());
+                state.kill(CloseReason::Stalled);
             }
         }
         self.prune();
