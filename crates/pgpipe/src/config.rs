@@ -116,11 +116,15 @@ pub struct PoolConfig {
     pub pool_name: Option<String>,
     /// A deadline for each query's execution, once it has a connection (the
     /// wait has `wait_timeout`). A query past it fails with
-    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout); on a shared
-    /// connection the pool stops routing new work to that connection and
-    /// cancels the query on the server only if nothing else is in flight
-    /// there (a cancel hits whatever the backend runs), else lets it finish
-    /// and discards the answer.
+    /// [`ErrorKind::QueryTimeout`](crate::ErrorKind::QueryTimeout): it may
+    /// have run. On a shared connection the pool stops routing new work to
+    /// that connection and cancels the query on the server only if nothing
+    /// else is in flight there (a cancel hits whatever the backend runs),
+    /// else lets it finish and discards the answer. A cancelled query's
+    /// outcome is awaited (the cancel request with the connection's TLS and
+    /// connect timeout, then the answer, within 5 s, else the connection is
+    /// closed), so no late cancel can hit the connection's next statement:
+    /// the call can return a little after the deadline.
     ///
     /// Default: none.
     pub query_timeout: Option<Duration>,

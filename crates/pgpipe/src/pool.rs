@@ -136,8 +136,10 @@ impl Pool {
     /// [`ErrorKind::NotAllowedOnShared`](crate::ErrorKind::NotAllowedOnShared)
     /// for SQL that changes session state, [`ErrorKind::Db`](crate::ErrorKind::Db)
     /// when the server rejects the query, [`ErrorKind::Params`](crate::ErrorKind::Params)
-    /// for parameters that do not fit, [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost),
-    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout),
+    /// for parameters that do not fit, [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost)
+    /// and [`ErrorKind::QueryTimeout`](crate::ErrorKind::QueryTimeout) (both: it
+    /// may have run; see [`Error::may_have_run`](crate::Error::may_have_run)),
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) (never ran),
     /// [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull),
     /// [`ErrorKind::Closed`](crate::ErrorKind::Closed) and
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect) from the pool.

@@ -124,8 +124,9 @@ impl<'a> Batch<'a> {
     /// The batch as a whole: [`ErrorKind::Closed`], [`ErrorKind::Timeout`],
     /// [`ErrorKind::QueueFull`], [`ErrorKind::Deadlock`],
     /// [`ErrorKind::Connect`] when nothing ran; for an atomic batch,
-    /// [`ErrorKind::ConnectionLost`] or [`ErrorKind::Timeout`] when whether it
-    /// committed is unknown. Each item's own failure is in its result.
+    /// [`ErrorKind::ConnectionLost`] or [`ErrorKind::QueryTimeout`] when
+    /// whether it committed is unknown. Each item's own failure is in its
+    /// result (an isolated item past `query_timeout`: `QueryTimeout`).
     pub async fn run(self) -> Result<BatchResults, Error> {
         if self.items.is_empty() {
             return Ok(Vec::new());

@@ -26,13 +26,34 @@ pub(crate) struct Framer {
     kind: u8,
     /// The first body byte of the current message (ReadyForQuery's status).
     first: Option<u8>,
+    /// The start of a ParameterStatus body: the setting's name.
+    prefix: [u8; PREFIX],
+    prefix_len: usize,
 }
+
+/// How much of a ParameterStatus body is kept: enough for the names of the
+/// settings the server reports.
+const PREFIX: usize = 32;
 
 /// One complete message seen by a [`Framer`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Message {
     pub(crate) kind: u8,
     pub(crate) first: Option<u8>,
+    prefix: [u8; PREFIX],
+    prefix_len: usize,
+}
+
+impl Message {
+    /// For a ParameterStatus (`S`) from the server, the setting's name (up
+    /// to its first 31 bytes); empty for other messages.
+    pub(crate) fn parameter_name(&self) -> &[u8] {
+        let prefix = &self.prefix[..self.prefix_len];
+        prefix
+            .iter()
+            .position(|&b| b == 0)
+            .map_or(prefix, |end| &prefix[..end])
+    }
 }
 
 pub(crate) const SSL_REQUEST: u32 = 80_877_103;
@@ -47,6 +68,8 @@ impl Framer {
             body_left: 0,
             kind: 0,
             first: None,
+            prefix: [0; PREFIX],
+            prefix_len: 0,
         }
     }
 
@@ -62,6 +85,12 @@ impl Framer {
                 let take = self.body_left.min(bytes.len());
                 if self.first.is_none() {
                     self.first = Some(bytes[0]);
+                }
+                if self.kind == b'S' && self.prefix_len < PREFIX {
+                    let keep = take.min(PREFIX - self.prefix_len);
+                    self.prefix[self.prefix_len..self.prefix_len + keep]
+                        .copy_from_slice(&bytes[..keep]);
+                    self.prefix_len += keep;
                 }
                 self.body_left -= take;
                 bytes = &bytes[take..];
@@ -84,6 +113,7 @@ impl Framer {
     fn start_body(&mut self, on_message: &mut impl FnMut(Message)) {
         self.header_len = 0;
         self.first = None;
+        self.prefix_len = 0;
         let (kind, len_bytes, counted) = match self.phase {
             Phase::Startup => (0, &self.header[0..4], 8),
             _ => (self.header[0], &self.header[1..5], 4),
@@ -115,6 +145,8 @@ impl Framer {
         on_message(Message {
             kind: self.kind,
             first: self.first.take(),
+            prefix: self.prefix,
+            prefix_len: std::mem::take(&mut self.prefix_len),
         });
     }
 }
@@ -214,5 +246,17 @@ mod tests {
         assert!(seen.is_empty());
         let seen = messages(Phase::Typed, &[&[b'D', 0, 0, 0, 2]]);
         assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn a_parameter_status_keeps_the_setting_name() {
+        let mut bytes = vec![b'S', 0, 0, 0, 4 + 15 + 4];
+        bytes.extend_from_slice(b"in_hot_standby\0off\0");
+        let mut names = Vec::new();
+        let mut framer = Framer::new(Phase::Typed);
+        for chunk in bytes.chunks(3) {
+            framer.feed(chunk, |m| names.push(m.parameter_name().to_vec()));
+        }
+        assert_eq!(names, vec![b"in_hot_standby".to_vec()]);
     }
 }

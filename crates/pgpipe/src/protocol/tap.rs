@@ -34,6 +34,15 @@ use crate::conn::PoolWire;
 use crate::conn::state::ConnState;
 use crate::metrics::QuarantineReason;
 
+/// Reported settings that describe the server, not a session: no session
+/// can change them (`in_hot_standby` turns off when a standby is promoted).
+const SERVER_STATE: [&[u8]; 4] = [
+    b"in_hot_standby",
+    b"server_version",
+    b"server_encoding",
+    b"integer_datetimes",
+];
+
 /// A stream that reports what crosses it to its [`ConnState`] and the
 /// pool's [`PoolWire`].
 #[derive(Debug)]
@@ -100,8 +109,12 @@ impl<S> TappedStream<S> {
                     state.quarantine(QuarantineReason::Transaction);
                 }
             }
-            // ParameterStatus before the first ReadyForQuery is start-up.
-            b'S' if state.readies.load(Ordering::Acquire) + readies > 0 => {
+            // ParameterStatus before the first ReadyForQuery is start-up;
+            // a change of the server's own state (a standby promoted) is no
+            // session's doing.
+            b'S' if state.readies.load(Ordering::Acquire) + readies > 0
+                && !SERVER_STATE.contains(&message.parameter_name()) =>
+            {
                 state.quarantine(QuarantineReason::SessionState);
             }
             _ => {}
@@ -259,5 +272,25 @@ mod tests {
             0,
             "ciphertext is not parsed"
         );
+    }
+
+    fn parameter_status(name: &str, value: &str) -> Vec<u8> {
+        let body = [name.as_bytes(), b"\0", value.as_bytes(), b"\0"].concat();
+        let mut message = vec![b'S'];
+        message.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        message.extend_from_slice(&body);
+        message
+    }
+
+    #[test]
+    fn a_changed_session_setting_quarantines_and_a_server_state_change_does_not() {
+        let state = Arc::new(ConnState::default());
+        state.load.share();
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']); // start-up is over
+        tap.observe_read(&parameter_status("in_hot_standby", "off"));
+        assert!(!state.is_quarantined(), "a promotion is not session state");
+        tap.observe_read(&parameter_status("application_name", "x"));
+        assert!(state.is_quarantined());
     }
 }
