@@ -9,7 +9,7 @@ use std::time::Duration;
 use pgpipe::{ErrorKind, Pool};
 use pgpipe_test_support::{admin, unique};
 
-use crate::support::{app, builder};
+use crate::support::{app, builder, create_role, drop_role};
 
 /// A schema of the test's own, with whatever `ddl` creates in it (`{s}`
 /// stands for the schema's name); dropped by [`Schema::drop`].
@@ -118,14 +118,9 @@ async fn settings_changed_inside_functions_and_do_blocks_do_not_leak() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_set_inside_a_do_block_does_not_leak() {
-    let role = unique("safety_role");
-    admin()
-        .await
-        // A superuser like the login role: `is_superuser` does not change, so
-        // the server reports nothing and only the cleanup can catch it.
-        .batch_execute(&format!("CREATE ROLE {role} SUPERUSER"))
-        .await
-        .unwrap();
+    // A superuser like the login role: `is_superuser` does not change, so
+    // the server reports nothing and only the cleanup can catch it.
+    let role = create_role("safety_role", "SUPERUSER").await;
     let pool = one_connection(&app("safety_role"), true);
     let login: String = pool
         .query_one("SELECT current_user::text", &[])
@@ -142,11 +137,7 @@ async fn a_role_set_inside_a_do_block_does_not_leak() {
         .get(0);
     assert_eq!(b, login, "B ran as the role A set");
     drop(pool);
-    admin()
-        .await
-        .batch_execute(&format!("DROP ROLE {role}"))
-        .await
-        .unwrap();
+    drop_role(&role).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

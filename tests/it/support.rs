@@ -13,6 +13,26 @@ use prometheus::proto::{MetricFamily, MetricType};
 /// not count the second's: tests in one binary share the process.
 pub(crate) static MEMORY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// A role of the test's own, made with `options` (`SUPERUSER`, `LOGIN
+/// CONNECTION LIMIT 1` …); dropped by [`drop_role`].
+pub(crate) async fn create_role(name: &str, options: &str) -> String {
+    let role = pgpipe_test_support::unique(name);
+    pgpipe_test_support::admin()
+        .await
+        .batch_execute(&format!("CREATE ROLE {role} {options}"))
+        .await
+        .unwrap();
+    role
+}
+
+pub(crate) async fn drop_role(role: &str) {
+    pgpipe_test_support::admin()
+        .await
+        .batch_execute(&format!("DROP ROLE {role}"))
+        .await
+        .unwrap();
+}
+
 /// A fresh application name, to find this test's backends by.
 pub(crate) fn app(test: &str) -> String {
     unique(test)

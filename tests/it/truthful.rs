@@ -7,7 +7,7 @@ use pgpipe::{ErrorKind, Executor, Pool};
 use pgpipe_test_support::{admin, database_url, unique};
 use prometheus::Registry;
 
-use crate::support::{Scrape, app, backend_pid, builder};
+use crate::support::{Scrape, app, backend_pid, builder, create_role, drop_role};
 
 async fn table(ddl: &str) -> String {
     let name = unique("truth");
@@ -336,12 +336,7 @@ async fn batches_keep_within_the_pipeline_depth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_queries_are_not_stranded_when_no_connection_can_be_opened() {
     // A role that may hold one connection: the second open always fails.
-    let role = unique("truth_limited");
-    admin()
-        .await
-        .batch_execute(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 1"))
-        .await
-        .unwrap();
+    let role = create_role("truth_limited", "LOGIN CONNECTION LIMIT 1").await;
     let mut config: tokio_postgres::Config = database_url().parse().unwrap();
     config.user(&role).application_name(app("truth_strand"));
     let pool = Pool::builder()
@@ -381,11 +376,7 @@ async fn fast_queries_are_not_stranded_when_no_connection_can_be_opened() {
     }
     slow.await.unwrap().unwrap();
     drop(pool);
-    admin()
-        .await
-        .batch_execute(&format!("DROP ROLE {role}"))
-        .await
-        .unwrap();
+    drop_role(&role).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ use super::{ConnState, SESSION_CLEANUP};
 use crate::answer::{Answer, Op};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::{CloseReason, QuarantineReason};
+use crate::protocol::sql_guard;
 
 /// Where a query runs: a connection's client (or a transaction on it), the
 /// connection's statement cache and what its tap sees.
@@ -197,6 +198,22 @@ pub(crate) async fn clean_session(target: Target<'_>) {
     if !clean {
         target.state.left_dirty(QuarantineReason::Cleanup);
     }
+}
+
+/// Runs one of the holder's own queries on a connection checked out with
+/// `get()` or a transaction on it (their [`Executor`](crate::Executor)
+/// methods): no cleanup, since the session is theirs (it is reset when the
+/// connection comes back), and no `COPY`, which needs tokio-postgres' own
+/// copy API.
+pub(crate) async fn run_for_holder(
+    target: Target<'_>,
+    sql: &str,
+    params: Params<'_, '_>,
+    op: Op,
+    settings: RunSettings,
+) -> Result<Answer, Error> {
+    sql_guard::check_not_copy(sql)?;
+    run_alone(target, sql, params, op, settings, false).await
 }
 
 /// Runs one query on a connection the caller has to itself (an exclusive

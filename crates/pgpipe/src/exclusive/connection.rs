@@ -15,7 +15,6 @@ use crate::conn::{Manager, PgConn};
 use crate::error::Error;
 #[cfg(doc)]
 use crate::error::ErrorKind;
-use crate::protocol::sql_guard;
 
 /// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
 /// until dropped, never shared meanwhile.
@@ -93,8 +92,7 @@ impl Connection {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        sql_guard::check_not_copy(sql)?;
-        run::run_alone(self.object.target(), sql, params, op, self.run, false).await
+        run::run_for_holder(self.object.target(), sql, params, op, self.run).await
     }
 
     /// Prepares `sql` through the connection's statement cache: the first

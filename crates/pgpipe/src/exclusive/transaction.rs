@@ -14,7 +14,6 @@ use crate::conn::connect::Peer;
 use crate::conn::run::{self, Prepare, RunSettings, Target};
 use crate::conn::statement_cache::StatementCache;
 use crate::error::Error;
-use crate::protocol::sql_guard;
 
 /// A transaction, from [`Connection::transaction`](crate::Connection::transaction).
 ///
@@ -142,8 +141,7 @@ impl<'a> Transaction<'a> {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        sql_guard::check_not_copy(sql)?;
-        run::run_alone(self.target(), sql, params, op, self.run, false).await
+        run::run_for_holder(self.target(), sql, params, op, self.run).await
     }
 }
 
