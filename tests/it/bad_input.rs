@@ -144,3 +144,21 @@ async fn bad_credentials_fail_fast_and_clearly() {
         assert!(start.elapsed() < std::time::Duration::from_secs(3));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_names_where_it_went_and_passes_the_code_through() {
+    let mut config: tokio_postgres::Config = pgpipe_test_support::database_url().parse().unwrap();
+    let role = pgpipe_test_support::unique("no_such_role");
+    config.user(&role).dbname("postgres");
+    let pool = pgpipe::Pool::builder().config(config).build().unwrap();
+    let e = pool.query("SELECT 1", &[]).await.unwrap_err();
+    assert_eq!(e.kind(), pgpipe::ErrorKind::Connect, "{e}");
+    assert_eq!(
+        e.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(text.contains("/postgres"), "names host:port/db: {text}");
+    assert!(!text.contains(&role) || text.contains("role"), "{text}");
+}

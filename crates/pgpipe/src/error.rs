@@ -284,6 +284,15 @@ impl Error {
         Error::with_pg(ErrorKind::Connect, error)
     }
 
+    /// Names where it happened (`host:port/db`), before what it says.
+    pub(crate) fn at(mut self, place: &str) -> Error {
+        self.0.message = Some(match self.0.message.take() {
+            Some(message) => format!("{place}: {message}"),
+            None => place.to_owned(),
+        });
+        self
+    }
+
     /// Translates deadpool's error for a checkout of `what`.
     pub(crate) fn from_pool(error: PoolError<Error>, what: &str) -> Error {
         match error {

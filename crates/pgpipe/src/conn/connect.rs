@@ -98,6 +98,16 @@ pub(crate) async fn connect(
             Some(Host::Tcp(name)) => name.as_str(),
             _ => "",
         };
+        // Where, for the error: never the user or the password.
+        let place = match &host {
+            Host::Tcp(name) => format!("{name}:{port}/{}", config.get_dbname().unwrap_or("")),
+            #[cfg(unix)]
+            Host::Unix(dir) => format!(
+                "{}:{port}/{}",
+                dir.display(),
+                config.get_dbname().unwrap_or("")
+            ),
+        };
         match open_socket(config, &host, port).await {
             Ok((socket, addr)) => {
                 let stream = TappedStream::new(socket, Arc::clone(&state), Arc::clone(wire));
@@ -114,10 +124,10 @@ pub(crate) async fn connect(
                         };
                         return Ok((connected, peer));
                     }
-                    Err(e) => last = Some(Error::connect(e)),
+                    Err(e) => last = Some(Error::connect(e).at(&place)),
                 }
             }
-            Err(e) => last = Some(e),
+            Err(e) => last = Some(e.at(&place)),
         }
     }
     Err(last.unwrap_or_else(|| connect_error("no usable host")))
