@@ -190,3 +190,47 @@ async fn exclusive_checkouts_are_served_under_pipelined_load() {
         task.await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_on_a_checkout_receives_notifications_and_the_next_user_does_not() {
+    let channel = pgpipe_test_support::unique("chan");
+    let pool = crate::support::builder(&crate::support::app("listen"))
+        .max_size(1)
+        .build()
+        .unwrap();
+    let conn = pool.get().await.unwrap();
+    conn.batch_execute(&format!("LISTEN {channel}"))
+        .await
+        .unwrap();
+    let other = pgpipe_test_support::admin().await;
+    other
+        .batch_execute(&format!(
+            "NOTIFY {channel}, 'first'; NOTIFY {channel}, 'second'"
+        ))
+        .await
+        .unwrap();
+    for expected in ["first", "second"] {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), conn.notification())
+            .await
+            .expect("a notification arrives")
+            .unwrap();
+        assert_eq!((n.channel(), n.payload()), (channel.as_str(), expected));
+    }
+    // Left unread when the connection goes back: not the next user's.
+    other
+        .batch_execute(&format!("NOTIFY {channel}, 'unread'"))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    drop(conn);
+    let conn = pool.get().await.unwrap();
+    other
+        .batch_execute(&format!("NOTIFY {channel}, 'after'"))
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(
+        conn.try_notification().is_none(),
+        "the next user read the last one's notifications (or its LISTEN)"
+    );
+}

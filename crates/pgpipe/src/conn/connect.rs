@@ -23,8 +23,9 @@ use tokio::net::TcpStream;
 #[cfg(unix)]
 use tokio::net::UnixStream;
 use tokio_postgres::config::{Host, TargetSessionAttrs};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
+use super::notifications::Notifications;
 #[cfg(feature = "rustls")]
 use super::tls::Tapped;
 use super::tls::Tls;
@@ -77,6 +78,7 @@ pub(crate) async fn connect(
     state: Arc<ConnState>,
     wire: &Arc<PoolWire>,
     tls: &Tls,
+    notifications: &Arc<Notifications>,
 ) -> Result<(Connected, Peer), Error> {
     let hosts = config.get_hosts();
     let addrs = config.get_hostaddrs();
@@ -111,7 +113,8 @@ pub(crate) async fn connect(
         match open_socket(config, &host, port).await {
             Ok((socket, addr)) => {
                 let stream = TappedStream::new(socket, Arc::clone(&state), Arc::clone(wire));
-                match handshake(config, stream, tls, hostname, &state, wire).await {
+                let tap = (&state, wire, notifications);
+                match handshake(config, stream, tls, hostname, tap).await {
                     Ok(connected) => {
                         let peer = Peer {
                             addr,
@@ -140,9 +143,9 @@ async fn handshake(
     stream: PgStream,
     tls: &Tls,
     hostname: &str,
-    state: &Arc<ConnState>,
-    wire: &Arc<PoolWire>,
+    (state, wire, notifications): (&Arc<ConnState>, &Arc<PoolWire>, &Arc<Notifications>),
 ) -> Result<Connected, tokio_postgres::Error> {
+    let notifications = Arc::clone(notifications);
     #[cfg(feature = "rustls")]
     if let Some(rustls) = &tls.rustls {
         use tokio_postgres::tls::MakeTlsConnect;
@@ -154,11 +157,35 @@ async fn handshake(
             wire: Arc::clone(wire),
         };
         let (client, connection) = config.connect_raw(stream, tapped).await?;
-        return Ok((client, Box::pin(connection)));
+        return Ok((client, Box::pin(drive(connection, notifications))));
     }
     let _ = (tls, hostname, state, wire);
     let (client, connection) = config.connect_raw(stream, NoTls).await?;
-    Ok((client, Box::pin(connection)))
+    Ok((client, Box::pin(drive(connection, notifications))))
+}
+
+/// Drives a connection's I/O as tokio-postgres' own `Connection` future
+/// does, but hands each `NOTIFY` that arrives to `notifications` instead of
+/// dropping it (notices are dropped, as tokio-postgres does after logging).
+fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    notifications: Arc<Notifications>,
+) -> impl Future<Output = Result<(), tokio_postgres::Error>> + Send
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+    T: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    std::future::poll_fn(move |cx| {
+        loop {
+            match connection.poll_message(cx) {
+                Poll::Ready(Some(Ok(AsyncMessage::Notification(n)))) => notifications.push(n),
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(e)),
+                Poll::Ready(None) => return Poll::Ready(Ok(())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
 }
 
 fn port_for(config: &Config, i: usize) -> u16 {

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, RecycleError, RecycleResult};
 
+use super::notifications::Notifications;
 use super::statement_cache::StatementCache;
 use super::step_aside::StepAside;
 use super::tls::Tls;
@@ -42,15 +43,23 @@ impl managed::Manager for Manager {
 
     async fn create(&self) -> Result<PgConn, Error> {
         let state = Arc::new(ConnState::new(self.wire.metrics.clone()));
-        let ((client, connection), peer) =
-            connect::connect(&self.config, Arc::clone(&state), &self.wire, &self.tls).await?;
-        let io_state = Arc::clone(&state);
+        let notifications = Arc::new(Notifications::default());
+        let ((client, connection), peer) = connect::connect(
+            &self.config,
+            Arc::clone(&state),
+            &self.wire,
+            &self.tls,
+            &notifications,
+        )
+        .await?;
+        let (io_state, io_notifications) = (Arc::clone(&state), Arc::clone(&notifications));
         let io = tokio::spawn(async move {
             // The error, if any, reaches every request in flight through its
             // response channel; here only the fact that the link is gone
             // matters.
             let _ = StepAside::new(connection, Arc::clone(&io_state)).await;
             io_state.load.mark_dead();
+            io_notifications.close();
         });
         state.set_io(io.abort_handle());
         self.wire.register(&state);
@@ -65,6 +74,7 @@ impl managed::Manager for Manager {
             client,
             state,
             cache: StatementCache::new(self.statement_cache_capacity),
+            notifications,
             peer,
             created: Instant::now(),
             lifetime: self.max_lifetime.map(jitter),

@@ -17,6 +17,7 @@
 
 pub(crate) mod connect;
 pub(crate) mod manager;
+pub(crate) mod notifications;
 pub(crate) mod params;
 pub(crate) mod run;
 pub(crate) mod state;
@@ -35,6 +36,7 @@ use crate::error::Error;
 use crate::metrics::CloseReason;
 use connect::Peer;
 pub(crate) use manager::Manager;
+use notifications::Notifications;
 pub(crate) use run::Target;
 pub(crate) use state::ConnState;
 use statement_cache::{StatementCache, Ticket};
@@ -47,6 +49,8 @@ pub(crate) struct PgConn {
     pub(crate) client: Client,
     pub(crate) state: Arc<ConnState>,
     pub(crate) cache: Arc<StatementCache>,
+    /// What `LISTEN` brought in and nobody read yet.
+    pub(crate) notifications: Arc<Notifications>,
     /// Where the socket went, for cancel requests.
     pub(crate) peer: Peer,
     /// When it was opened, and how long it may live (jittered).
@@ -97,6 +101,8 @@ impl PgConn {
             .batch_execute(&sql)
             .await
             .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        // After `UNLISTEN *`: what the last user did not read is theirs.
+        self.notifications.clear();
         self.state.cleaned();
         Ok(())
     }

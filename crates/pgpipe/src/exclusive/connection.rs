@@ -6,15 +6,13 @@ use std::sync::atomic::Ordering;
 
 use deadpool::managed::Object;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, Notification, Statement};
 
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
 use crate::conn::run::{self, Prepare, RunSettings};
 use crate::conn::{Manager, PgConn};
-use crate::error::Error;
-#[cfg(doc)]
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 
 /// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
 /// until dropped, never shared meanwhile.
@@ -78,6 +76,52 @@ impl Connection {
         } = &mut *self.object;
         let inner = client.transaction().await?;
         Ok(Transaction::new(inner, cache, state, peer, self.run))
+    }
+
+    /// The next notification from a `LISTEN` on this connection, waiting
+    /// for one to arrive.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let conn = pool.get().await?;
+    /// conn.batch_execute("LISTEN orders").await?;
+    /// let notification = conn.notification().await?;
+    /// println!("{}: {}", notification.channel(), notification.payload());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Notifications wait on the connection until read, up to 1024; past
+    /// that the oldest are dropped. What this user does not read is gone
+    /// when the connection goes back to the pool (its session is reset,
+    /// `UNLISTEN *` included). A lost connection loses its `LISTEN`s: after
+    /// [`ErrorKind::ConnectionLost`], check out another connection, `LISTEN`
+    /// again, and catch up on anything that happened meanwhile from the
+    /// tables themselves.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::ConnectionLost`] when the connection closed and nothing
+    /// is left to read.
+    pub async fn notification(&self) -> Result<Notification, Error> {
+        self.object.notifications.next().await.ok_or_else(|| {
+            Error::new(
+                ErrorKind::ConnectionLost,
+                "the connection closed; its LISTENs ended with it",
+            )
+        })
+    }
+
+    /// A notification that has already arrived, without waiting; see
+    /// [`notification`](Connection::notification).
+    pub fn try_notification(&self) -> Option<Notification> {
+        self.object.notifications.try_next()
+    }
+
+    /// Notifications dropped on this connection because more than 1024 were
+    /// waiting to be read.
+    pub fn notifications_dropped(&self) -> u64 {
+        self.object.notifications.dropped()
     }
 
     /// The tokio-postgres client, for its own methods where a pgpipe trait
