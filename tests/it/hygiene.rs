@@ -56,3 +56,25 @@ async fn the_password_appears_nowhere() {
         assert!(!text.contains(SENTINEL), "the password leaked: {text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_carry_an_application_name_unless_the_url_names_one() {
+    let unnamed = pgpipe::Pool::builder()
+        .url(&pgpipe_test_support::database_url())
+        .build()
+        .unwrap();
+    let name: String = unnamed
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(name, "pgpipe");
+    let app = crate::support::app("named");
+    let named = crate::support::builder(&app).build().unwrap();
+    let name: String = named
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(name, app);
+}

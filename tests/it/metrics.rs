@@ -26,14 +26,10 @@ async fn depth_stays_non_negative_and_returns_to_zero() {
     let mut peak: f64 = 0.0;
     while !load.is_finished() {
         let scrape = Scrape::of(&registry);
-        for name in [
-            "pgpipe_pipeline_depth",
-            "pgpipe_pipeline_queue_depth",
-            "pgpipe_pipeline_depth_max",
-        ] {
+        for name in ["pgpipe_pipeline_depth", "pgpipe_pipeline_queue_depth"] {
             assert!(scrape.value(name, &[]) >= 0.0, "{name} is negative");
         }
-        peak = peak.max(scrape.value("pgpipe_pipeline_depth_max", &[]));
+        peak = peak.max(scrape.value("pgpipe_pipeline_depth", &[]));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     load.await.unwrap();
@@ -41,7 +37,15 @@ async fn depth_stays_non_negative_and_returns_to_zero() {
     let scrape = Scrape::of(&registry);
     assert_eq!(scrape.value("pgpipe_pipeline_depth", &[]), 0.0);
     assert_eq!(scrape.value("pgpipe_pipeline_queue_depth", &[]), 0.0);
-    assert!((2.0..=64.0).contains(&peak), "peak depth {peak}");
+    assert!((1.0..=64.0).contains(&peak), "peak depth {peak}");
+    // Queries in flight at each admission: some pipelined behind others,
+    // never more than the 64 tasks (the count a scrape cannot reset).
+    let admitted = scrape.histogram_count("pgpipe_pipeline_in_flight");
+    assert_eq!(admitted, 64 * 300);
+    let alone = scrape.histogram_at_most("pgpipe_pipeline_in_flight", 1.0);
+    let within = scrape.histogram_at_most("pgpipe_pipeline_in_flight", 64.0);
+    assert!(alone < admitted, "never more than one in flight");
+    assert_eq!(within, admitted, "more in flight than tasks");
     let ok = scrape.value(
         "pgpipe_queries_total",
         &[("mode", "pipelined"), ("outcome", "ok")],

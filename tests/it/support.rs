@@ -149,6 +149,20 @@ impl Scrape {
             .map(|m| m.get_histogram().get_sample_count())
             .sum()
     }
+
+    /// Observations of the histogram `name` at most `le`, over all series.
+    pub(crate) fn histogram_at_most(&self, name: &str, le: f64) -> u64 {
+        self.family(name)
+            .unwrap_or_else(|| panic!("{name} is exported"))
+            .get_metric()
+            .iter()
+            .filter_map(|m| {
+                let buckets = m.get_histogram().get_bucket();
+                let bucket = buckets.iter().find(|b| b.upper_bound() == le);
+                bucket.map(|b| b.cumulative_count())
+            })
+            .sum()
+    }
 }
 
 /// Mean observation of the histogram `name`: its sum over its count (0 when

@@ -256,6 +256,11 @@ impl PoolBuilder {
         if server.get_connect_timeout().is_none() {
             server.connect_timeout(self.config.connect_timeout);
         }
+        // So that the pool's backends can be told apart in
+        // `pg_stat_activity`; the URL's own `application_name` wins.
+        if server.get_application_name().is_none() {
+            server.application_name(DEFAULT_APPLICATION_NAME);
+        }
         if let Some(timeout) = self.config.statement_timeout {
             // Set in the start-up packet: a session default, not a `SET`
             // that a reset would undo.
@@ -279,6 +284,9 @@ impl PoolBuilder {
         Pool::new(server, self.config, setup)
     }
 }
+
+/// The `application_name` of the pool's connections when the URL names none.
+pub(crate) const DEFAULT_APPLICATION_NAME: &str = "pgpipe";
 
 /// `host:port/dbname`, from the first host.
 fn default_pool_name(server: &tokio_postgres::Config) -> String {

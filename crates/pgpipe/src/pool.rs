@@ -342,7 +342,6 @@ impl PoolInner {
         Snapshot {
             status,
             wire_depth: self.router.counts().wire_depth,
-            depth_high: self.router.take_depth_high(status.in_flight as u64),
             queue_capacity: self.config.queue_capacity,
             rtt: self.wire.rtt.estimate(),
         }

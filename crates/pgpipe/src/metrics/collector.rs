@@ -2,7 +2,7 @@
 //! reads a [`Snapshot`] that the pool hands it, and knows nothing else of
 //! the pool.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::core::{Collector, Desc};
@@ -11,7 +11,6 @@ use prometheus::{Gauge, IntGauge, IntGaugeVec, Registry, proto};
 use super::{Metrics, opts};
 use crate::error::Error;
 use crate::status::Status;
-use crate::sync::lock;
 
 /// What the collector reads from the pool at each scrape.
 #[derive(Debug, Clone, Copy)]
@@ -19,8 +18,6 @@ pub(crate) struct Snapshot {
     pub(crate) status: Status,
     /// Pipelined queries written and not yet answered.
     pub(crate) wire_depth: u64,
-    /// Most pipelined queries in flight at once since the last scrape.
-    pub(crate) depth_high: u64,
     pub(crate) queue_capacity: usize,
     pub(crate) rtt: Option<Duration>,
 }
@@ -31,39 +28,24 @@ pub(crate) type SnapshotFn = Box<dyn Fn() -> Option<Snapshot> + Send + Sync>;
 /// The pool's state, read at scrape time, plus every event metric.
 pub(crate) struct PoolCollector {
     snapshot: SnapshotFn,
-    metrics: Arc<Metrics>,
     depth: IntGauge,
-    depth_max: IntGauge,
     queue_depth: IntGauge,
     queue_capacity: IntGauge,
     rtt: Gauge,
-    latency_saved_recent: Gauge,
     connections: IntGaugeVec,
     connections_max: IntGauge,
     pending: IntGauge,
-    /// Latency saved and pipelined queries at the last scrape, for the
-    /// recent average.
-    last: Mutex<(f64, u64)>,
     descs: Vec<Desc>,
 }
 
 impl PoolCollector {
-    fn new(
-        snapshot: SnapshotFn,
-        metrics: Arc<Metrics>,
-        name: &str,
-    ) -> Result<PoolCollector, prometheus::Error> {
+    fn new(snapshot: SnapshotFn, name: &str) -> Result<PoolCollector, prometheus::Error> {
         let gauge = |metric: &str, help: &str| IntGauge::with_opts(opts(metric, help, name));
         let mut collector = PoolCollector {
             snapshot,
-            metrics,
             depth: gauge(
                 "pipeline_depth",
                 "Queries written to shared connections and awaiting their answer now.",
-            )?,
-            depth_max: gauge(
-                "pipeline_depth_max",
-                "Most pipelined queries in flight at once since the last scrape.",
             )?,
             queue_depth: gauge(
                 "pipeline_queue_depth",
@@ -81,11 +63,6 @@ impl PoolCollector {
                  the recent minimum (slow queries, answers read late).",
                 name,
             ))?,
-            latency_saved_recent: Gauge::with_opts(opts(
-                "pipeline_latency_saved_seconds",
-                "Estimate: latency saved per pipelined query since the last scrape.",
-                name,
-            ))?,
             connections: IntGaugeVec::new(
                 opts("connections", "Open connections, by use.", name),
                 &["state"],
@@ -95,7 +72,6 @@ impl PoolCollector {
                 "pending_requests",
                 "Queries and checkouts waiting for a connection.",
             )?,
-            last: Mutex::new((0.0, 0)),
             descs: Vec::new(),
         };
         for state in ["idle", "shared", "exclusive"] {
@@ -109,14 +85,12 @@ impl PoolCollector {
         Ok(collector)
     }
 
-    fn gauges(&self) -> [&dyn Collector; 9] {
+    fn gauges(&self) -> [&dyn Collector; 7] {
         [
             &self.depth,
-            &self.depth_max,
             &self.queue_depth,
             &self.queue_capacity,
             &self.rtt,
-            &self.latency_saved_recent,
             &self.connections,
             &self.connections_max,
             &self.pending,
@@ -128,7 +102,6 @@ impl PoolCollector {
             status, wire_depth, ..
         } = snapshot;
         self.depth.set(wire_depth as i64);
-        self.depth_max.set(snapshot.depth_high as i64);
         let unwritten =
             (status.in_flight as u64).saturating_sub(wire_depth) + status.waiting as u64;
         self.queue_depth.set(unwritten as i64);
@@ -148,14 +121,6 @@ impl PoolCollector {
         self.connections_max.set(status.max_size as i64);
         self.pending
             .set((status.waiting + status.exclusive_waiting) as i64);
-        let saved = self.metrics.wire.latency_saved.get();
-        let queries = self.metrics.pipelined_queries();
-        let mut last = lock(&self.last);
-        let (d_saved, d_queries) = (saved - last.0, queries.saturating_sub(last.1));
-        if d_queries > 0 {
-            self.latency_saved_recent.set(d_saved / d_queries as f64);
-        }
-        *last = (saved, queries);
     }
 }
 
@@ -187,13 +152,14 @@ pub(crate) fn register(
              name in this registry?): {e}"
         ))
     };
-    let state = PoolCollector::new(snapshot, Arc::clone(metrics), name).map_err(fail)?;
+    let state = PoolCollector::new(snapshot, name).map_err(fail)?;
     let mut collectors: Vec<Box<dyn Collector>> = vec![
         Box::new(state),
         Box::new(metrics.queries_vec.clone()),
         Box::new(metrics.durations_vec.clone()),
         Box::new(metrics.connection_wait.clone()),
         Box::new(metrics.flush_wait.clone()),
+        Box::new(metrics.in_flight.clone()),
         Box::new(metrics.inflight_failed.clone()),
         Box::new(metrics.rejected_vec.clone()),
         Box::new(metrics.created.clone()),

@@ -38,6 +38,10 @@ const WAIT_SECONDS: &[f64] = &[
 ];
 /// Buckets for queries per write: 1, 2, 4 … 256.
 const BATCH: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+/// Buckets for queries in flight: 1, 2, 4 … 4096.
+const IN_FLIGHT: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+];
 
 /// A fixed set of label values: each variant knows its own, and `ALL`
 /// lists them in declaration order, so that `variant as usize` indexes it.
@@ -188,6 +192,8 @@ pub(crate) struct Metrics {
     durations: Box<[Histogram]>,
     pub(crate) connection_wait: Histogram,
     pub(crate) flush_wait: Histogram,
+    /// Pipelined queries in flight when one was admitted, itself included.
+    pub(crate) in_flight: Histogram,
     inflight_failed: IntCounter,
     rejected: Box<[IntCounter]>,
     pub(crate) created: IntCounter,
@@ -298,6 +304,13 @@ impl Metrics {
                 pool,
                 WAIT_SECONDS,
             ))?,
+            in_flight: Histogram::with_opts(histogram(
+                "pipeline_in_flight",
+                "Pipelined queries in flight on the shared path when a query was admitted, \
+                 itself included (a batch's items count one each).",
+                pool,
+                IN_FLIGHT,
+            ))?,
             inflight_failed: IntCounter::with_opts(opts(
                 "pipeline_inflight_failed_total",
                 "Pipelined queries failed because their shared connection broke under them.",
@@ -359,13 +372,5 @@ impl Metrics {
 
     pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed[reason as usize].inc();
-    }
-
-    /// Pipelined queries finished so far, however they ended.
-    fn pipelined_queries(&self) -> u64 {
-        self.queries[Mode::Pipelined as usize]
-            .iter()
-            .map(IntCounter::get)
-            .sum()
     }
 }

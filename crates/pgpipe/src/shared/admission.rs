@@ -195,6 +195,7 @@ impl Router {
             Ok(Ok(Ok(handoff))) => {
                 let conn = handoff.take();
                 let ahead = conn.in_flight().saturating_sub(1);
+                // Its own place is already counted in its connection's load.
                 self.note_depth(self.counts().in_flight as u64);
                 Ok(self.place(conn, ahead, slow))
             }

@@ -69,8 +69,6 @@ pub(crate) struct Router {
     backoff_until: AtomicU64,
     /// How long statements take, for head-of-line-aware routing.
     costs: Costs,
-    /// Most pipelined queries in flight at once since the last scrape.
-    depth_high: AtomicU64,
     /// What the connections' socket taps report, and the pool's clock.
     wire: Arc<PoolWire>,
     metrics: Option<Arc<Metrics>>,
@@ -111,7 +109,6 @@ impl Router {
             failure: Mutex::new(None),
             backoff_until: AtomicU64::new(0),
             costs: Costs::default(),
-            depth_high: AtomicU64::new(0),
             wire,
             metrics,
             claims,
@@ -175,17 +172,12 @@ impl Router {
         }
     }
 
-    /// The most pipelined queries in flight at once since the last call,
-    /// which starts a new window at `now_in_flight`.
-    pub(crate) fn take_depth_high(&self, now_in_flight: u64) -> u64 {
-        self.depth_high.swap(now_in_flight, Ordering::AcqRel)
-    }
-
-    /// Raises the high-water mark of pipelined queries in flight (for the
-    /// metrics); written only when it rises.
+    /// Records how many pipelined queries were in flight, this one
+    /// included, when a query was admitted (a histogram PromQL can window;
+    /// no state a scrape resets).
     fn note_depth(&self, in_flight: u64) {
-        if in_flight > self.depth_high.load(Ordering::Relaxed) {
-            self.depth_high.fetch_max(in_flight, Ordering::Relaxed);
+        if let Some(metrics) = &self.metrics {
+            metrics.in_flight.observe(in_flight as f64);
         }
     }
 }
