@@ -143,3 +143,76 @@ async fn close_refuses_new_work_at_once_and_lets_running_queries_finish() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_idle_connections_open_at_once_and_stay() {
+    let app = crate::support::app("min_idle");
+    let pool = crate::support::builder(&app)
+        .max_size(4)
+        .min_idle(2)
+        .idle_timeout(std::time::Duration::from_millis(200))
+        .build()
+        .unwrap();
+    // Not one query: built inside a runtime, the pool opens them itself.
+    let admin = pgpipe_test_support::admin().await;
+    let mut opened = 0;
+    for _ in 0..100 {
+        opened = pgpipe_test_support::backend_pids(&admin, &app).await.len();
+        if opened == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(opened, 2, "min_idle connections opened without a query");
+    // Idle far past idle_timeout: still two, no more, no fewer.
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert_eq!(pool.status().size, 2, "{:?}", pool.status());
+    assert_eq!(
+        pgpipe_test_support::backend_pids(&admin, &app).await.len(),
+        2
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_and_wait_lets_running_work_finish_and_closes_every_connection() {
+    let app = crate::support::app("close_wait");
+    let pool = crate::support::builder(&app)
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    let running = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.query("SELECT pg_sleep(0.3)", &[]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert!(pool.close_and_wait(std::time::Duration::from_secs(5)).await);
+    running.await.unwrap().expect("running work finishes");
+    assert_eq!(pool.status().size, 0);
+    let admin = pgpipe_test_support::admin().await;
+    let mut left = usize::MAX;
+    for _ in 0..50 {
+        left = pgpipe_test_support::backend_pids(&admin, &app).await.len();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(left, 0, "a backend outlived close_and_wait");
+    assert_eq!(
+        pool.query("SELECT 1", &[]).await.unwrap_err().kind(),
+        pgpipe::ErrorKind::Closed
+    );
+    // A deadline that cannot be met says so.
+    let busy = crate::support::builder(&crate::support::app("close_busy"))
+        .build()
+        .unwrap();
+    let conn = busy.get().await.unwrap();
+    assert!(
+        !busy
+            .close_and_wait(std::time::Duration::from_millis(100))
+            .await
+    );
+    drop(conn);
+}

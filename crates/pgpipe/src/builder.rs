@@ -154,9 +154,17 @@ impl PoolBuilder {
         self
     }
 
-    /// Idle connections unused for this long close. Default: 10 min.
+    /// Idle connections unused for this long close (down to `min_idle`).
+    /// Default: 10 min.
     pub fn idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.config.idle_timeout = timeout.into();
+        self
+    }
+
+    /// Connections kept open however idle the pool is; see
+    /// [`PoolConfig::min_idle`]. Default: 0.
+    pub fn min_idle(mut self, connections: usize) -> Self {
+        self.config.min_idle = connections;
         self
     }
 

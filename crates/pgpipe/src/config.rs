@@ -149,10 +149,17 @@ pub struct PoolConfig {
     ///
     /// Default: 30 min.
     pub max_lifetime: Option<Duration>,
-    /// Idle connections unused for this long are closed.
+    /// Idle connections unused for this long are closed, down to
+    /// `min_idle`.
     ///
     /// Default: 10 min.
     pub idle_timeout: Option<Duration>,
+    /// Connections kept open however idle the pool is: opened as soon as the
+    /// pool is built inside a runtime (else at its first use), and opened
+    /// again when one closes. At most `max_size`.
+    ///
+    /// Default: 0.
+    pub min_idle: usize,
     /// Most bytes of rows one `query` may return; past it the query fails
     /// with [`ErrorKind::TooLarge`](crate::ErrorKind::TooLarge) (the rest of
     /// its answer is read and discarded, and nobody else is affected).
@@ -201,6 +208,7 @@ impl Default for PoolConfig {
             stall_timeout: Some(Duration::from_secs(60)),
             max_lifetime: Some(Duration::from_secs(30 * 60)),
             idle_timeout: Some(Duration::from_secs(10 * 60)),
+            min_idle: 0,
             max_result_bytes: Some(64 << 20),
             max_result_rows: None,
             slow_query_threshold: Some(Duration::from_millis(5)),
@@ -273,6 +281,12 @@ impl PoolConfig {
             return Err(format!(
                 "statement_timeout must be at most {} ms (PostgreSQL's limit)",
                 i32::MAX
+            ));
+        }
+        if self.min_idle > self.max_size {
+            return Err(format!(
+                "min_idle ({}) must not exceed max_size ({})",
+                self.min_idle, self.max_size
             ));
         }
         if self.max_result_bytes == Some(0) || self.max_result_rows == Some(0) {

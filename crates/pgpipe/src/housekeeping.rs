@@ -18,6 +18,7 @@ const WINDOW_TICKS: u64 = 50;
 /// when the pool is dropped or closed.
 pub(crate) fn start(pool: &Arc<PoolInner>) {
     if pool.claim_housekeeping() {
+        pool.router().top_up();
         tokio::spawn(run(Arc::downgrade(pool)));
     }
 }

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use deadpool::Runtime;
 use tokio_postgres::Row;
@@ -15,7 +15,7 @@ use tokio_postgres::types::ToSql;
 use crate::answer::{Answer, Op};
 use crate::batch::Batch;
 use crate::builder::PoolBuilder;
-use crate::config::PoolConfig;
+use crate::config::{PoolConfig, deadline_after};
 use crate::conn::run::{Limits, RunSettings};
 use crate::conn::tls::Tls;
 use crate::conn::{Manager, PoolWire};
@@ -116,6 +116,10 @@ impl Pool {
             metrics,
             housekeeping: AtomicBool::new(false),
         });
+        // Inside a runtime, `min_idle` connections open now, not at first use.
+        if inner.config.min_idle > 0 && tokio::runtime::Handle::try_current().is_ok() {
+            housekeeping::start(&inner);
+        }
         if let (Some(registry), Some(metrics)) = (&setup.registry, &inner.metrics) {
             let pool = Arc::downgrade(&inner);
             let snapshot = Box::new(move || pool.upgrade().map(|pool| pool.snapshot()));
@@ -257,6 +261,33 @@ impl Pool {
         inner.router.close();
         inner.exclusive.close();
         inner.pg.close();
+    }
+
+    /// Closes the pool as [`close`](Pool::close) does, then waits until the
+    /// work already running has finished and every connection has closed,
+    /// or `timeout` has passed: for a graceful shutdown. Returns whether all
+    /// of it finished in time.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) {
+    /// if !pool.close_and_wait(std::time::Duration::from_secs(10)).await {
+    ///     eprintln!("shutting down with queries still running");
+    /// }
+    /// # }
+    /// ```
+    pub async fn close_and_wait(&self, timeout: Duration) -> bool {
+        self.close();
+        let deadline = deadline_after(timeout);
+        loop {
+            let status = self.status();
+            if status.size == 0 && status.in_flight == 0 && status.exclusive == 0 {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// True after [`close`](Pool::close).

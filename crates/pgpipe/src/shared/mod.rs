@@ -75,6 +75,8 @@ pub(crate) struct Router {
     /// Connections claimed by exclusive checkouts.
     claims: Arc<Claims>,
     closed: AtomicBool,
+    /// Whether a task is opening connections up to `min_idle`.
+    topping_up: AtomicBool,
 }
 
 /// Shared connections, and queries on them.
@@ -113,6 +115,7 @@ impl Router {
             metrics,
             claims,
             closed: AtomicBool::new(false),
+            topping_up: AtomicBool::new(false),
         }
     }
 

@@ -34,7 +34,34 @@ impl Router {
         self.prune();
         self.rebalance();
         self.retire_idle(SHARED_IDLE_TICKS);
+        self.top_up();
         self.dispatch();
+    }
+
+    /// Opens connections until `min_idle` are open, one at a time.
+    pub(crate) fn top_up(self: &Arc<Self>) {
+        let wanted = self.config.min_idle;
+        if wanted == 0
+            || self.is_closed()
+            || self.pg.status().size >= wanted
+            || self.topping_up.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let router = Arc::clone(self);
+        tokio::spawn(async move {
+            // Held until there are enough (a connection given back at once
+            // would only be taken again), then all given back to the idle set.
+            let mut held = Vec::new();
+            while !router.is_closed() && router.pg.status().size < wanted {
+                match router.pg.get().await {
+                    Ok(conn) => held.push(conn),
+                    Err(_) => break, // the server refuses: the next tick tries again
+                }
+            }
+            drop(held);
+            router.topping_up.store(false, Ordering::Release);
+        });
     }
 
     /// A query ran out of time on a shared connection. Whatever holds it up
@@ -94,9 +121,16 @@ impl Router {
                 now.saturating_sub(conn.state.returned_tick.load(Ordering::Relaxed)) >= limit
             })
         };
-        let removed = self
-            .pg
-            .retain(|conn, _| !(conn.is_expired() || idle_too_long(conn)));
+        // Idle ones past `idle_timeout` close only down to `min_idle`;
+        // expired ones close anyway (the top-up opens fresh ones).
+        let mut spare = self.pg.status().size.saturating_sub(self.config.min_idle);
+        let removed = self.pg.retain(|conn, _| {
+            let remove = conn.is_expired() || (spare > 0 && idle_too_long(conn));
+            if remove {
+                spare = spare.saturating_sub(1);
+            }
+            !remove
+        });
         for conn in removed.removed {
             conn.closing(if conn.is_expired() {
                 CloseReason::MaxLifetime
