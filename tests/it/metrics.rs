@@ -129,3 +129,28 @@ async fn a_real_scrape_passes_promtool() {
         "promtool: {report}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_its_caller_dropped_is_counted_as_cancelled() {
+    let registry = Registry::new();
+    let pool = builder(&app("dropped"))
+        .max_size(1)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    let query = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.query("SELECT pg_sleep(1)", &[]).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    query.abort();
+    let _ = query.await;
+    let scrape = Scrape::of(&registry);
+    let cancelled = scrape.value(
+        "pgpipe_queries_total",
+        &[("mode", "pipelined"), ("outcome", "cancelled")],
+    );
+    assert_eq!(cancelled, 1.0);
+}

@@ -22,6 +22,7 @@ use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::housekeeping;
+use crate::metrics::{Metrics, Mode};
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard::{self, Code};
 use crate::shared::costs::{CostKey, Costs};
@@ -44,9 +45,33 @@ pub(crate) async fn run(
         return run_unobserved(pool, sql, params, op, slow, None).await;
     };
     let start = Instant::now();
+    let mut unfinished = Unfinished {
+        metrics,
+        mode: pool.mode(),
+        start,
+        done: false,
+    };
     let result = run_unobserved(pool, sql, params, op, slow, Some(start)).await;
+    unfinished.done = true;
     metrics.query(pool.mode(), start.elapsed(), result.as_ref().map(drop));
     result
+}
+
+/// Counts a query whose caller dropped it before it finished, which would
+/// otherwise end under no outcome at all.
+struct Unfinished<'a> {
+    metrics: &'a Metrics,
+    mode: Mode,
+    start: Instant,
+    done: bool,
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.cancelled(self.mode, self.start.elapsed());
+        }
+    }
 }
 
 async fn run_unobserved(

@@ -87,6 +87,9 @@ labels! {
         ConnectError = "connect_error",
         /// Ran past `query_timeout` (it may have run).
         QueryTimeout = "query_timeout",
+        /// Its caller dropped it before it finished (a `select!`, a
+        /// `try_join!` whose sibling failed, a request that went away).
+        Cancelled = "cancelled",
     }
 }
 
@@ -368,6 +371,12 @@ impl Metrics {
                 self.inflight_failed.inc();
             }
         }
+    }
+
+    /// Records a query whose caller dropped it before it finished.
+    pub(crate) fn cancelled(&self, mode: Mode, elapsed: Duration) {
+        self.queries[mode as usize][Outcome::Cancelled as usize].inc();
+        self.durations[mode as usize].observe(elapsed.as_secs_f64());
     }
 
     pub(crate) fn closed(&self, reason: CloseReason) {
