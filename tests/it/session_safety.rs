@@ -363,3 +363,43 @@ async fn cleaning_behind_every_query_covers_triggers() {
     drop(pool);
     schema.drop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_setting_survives_every_reset_and_cleanup() {
+    let pool = builder(&app("safety_setting"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .session_setting("search_path", "pg_catalog, public")
+        .session_setting("app.tenant", "it's 7")
+        .build()
+        .unwrap();
+    let expected = "pg_catalog, public";
+    assert_eq!(show(&pool, "search_path").await, expected);
+    // A cleanup behind unknown code resets to the start-up value.
+    pool.query(
+        "DO $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(show(&pool, "search_path").await, expected);
+    // So does the reset after an exclusive user.
+    let conn = pool.get().await.unwrap();
+    conn.batch_execute("SET search_path = public")
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(show(&pool, "search_path").await, expected);
+    let tenant: String = pool
+        .query_one("SELECT current_setting('app.tenant')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tenant, "it's 7");
+    let error = builder("x")
+        .session_setting("search_path; DROP", "x")
+        .build()
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Config);
+}

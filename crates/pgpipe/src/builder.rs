@@ -161,6 +161,27 @@ impl PoolBuilder {
         self
     }
 
+    /// A setting every connection starts with, in the start-up packet (as
+    /// `options=-c name=value` would): it survives every session reset and
+    /// cleanup, where a `SET` would not (and is refused on the shared path).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), pgpipe::Error> {
+    /// let pool = pgpipe::Pool::builder()
+    ///     .url("postgres://app@db.internal/orders")
+    ///     .session_setting("search_path", "app, public")
+    ///     .session_setting("TimeZone", "UTC")
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn session_setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.config
+            .session_settings
+            .push((name.into(), value.into()));
+        self
+    }
+
     /// Connections kept open however idle the pool is; see
     /// [`PoolConfig::min_idle`]. Default: 0.
     pub fn min_idle(mut self, connections: usize) -> Self {
@@ -269,15 +290,22 @@ impl PoolBuilder {
         if server.get_application_name().is_none() {
             server.application_name(DEFAULT_APPLICATION_NAME);
         }
+        // Set in the start-up packet: session defaults, not `SET`s that a
+        // reset would undo.
+        let mut startup: Vec<(String, String)> = self.config.session_settings.clone();
         if let Some(timeout) = self.config.statement_timeout {
-            // Set in the start-up packet: a session default, not a `SET`
-            // that a reset would undo.
-            let option = format!("-c statement_timeout={}", timeout.as_millis().max(1));
-            let options = match server.get_options() {
-                Some(existing) if !existing.is_empty() => format!("{existing} {option}"),
-                _ => option,
-            };
-            server.options(options);
+            let millis = timeout.as_millis().max(1).to_string();
+            startup.push(("statement_timeout".into(), millis));
+        }
+        if !startup.is_empty() {
+            let mut options = server.get_options().unwrap_or_default().to_owned();
+            for (name, value) in &startup {
+                if !options.is_empty() {
+                    options.push(' ');
+                }
+                options.push_str(&format!("-c {name}={}", escape_option(value)));
+            }
+            server.options(&options);
         }
         let name = self
             .config
@@ -291,6 +319,19 @@ impl PoolBuilder {
         };
         Pool::new(server, self.config, setup)
     }
+}
+
+/// A value for the start-up `options`, where spaces separate arguments and a
+/// backslash escapes the next character.
+fn escape_option(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        if c == ' ' || c == '\\' {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 /// The `application_name` of the pool's connections when the URL names none.

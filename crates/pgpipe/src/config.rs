@@ -185,6 +185,13 @@ pub struct PoolConfig {
     ///
     /// Default: [`SessionCleanup::UnknownCode`].
     pub session_cleanup: SessionCleanup,
+    /// Settings every connection starts with (`search_path`, `TimeZone`,
+    /// `app.tenant` …), sent in the start-up packet: they are the session's
+    /// defaults, so every reset and cleanup returns to them, and no `SET` is
+    /// needed (none is allowed on the shared path).
+    ///
+    /// Default: none.
+    pub session_settings: Vec<(String, String)>,
 }
 
 impl Default for PoolConfig {
@@ -213,6 +220,7 @@ impl Default for PoolConfig {
             max_result_rows: None,
             slow_query_threshold: Some(Duration::from_millis(5)),
             session_cleanup: SessionCleanup::default(),
+            session_settings: Vec::new(),
         }
     }
 }
@@ -281,6 +289,16 @@ impl PoolConfig {
             return Err(format!(
                 "statement_timeout must be at most {} ms (PostgreSQL's limit)",
                 i32::MAX
+            ));
+        }
+        if let Some((name, _)) = self.session_settings.iter().find(|(name, _)| {
+            name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+        }) {
+            return Err(format!(
+                "session setting {name:?} is not a setting's name (letters, digits, _ and .)"
             ));
         }
         if self.min_idle > self.max_size {
