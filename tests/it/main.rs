@@ -18,6 +18,7 @@ mod restart;
 mod routing;
 mod session_safety;
 mod sessions;
+mod settings;
 mod stalls;
 mod statements;
 mod storm;

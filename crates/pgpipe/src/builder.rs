@@ -178,7 +178,7 @@ impl PoolBuilder {
     pub fn session_setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.config
             .session_settings
-            .push((name.into(), value.into()));
+            .insert(name.into(), value.into());
         self
     }
 
@@ -292,7 +292,8 @@ impl PoolBuilder {
         }
         // Set in the start-up packet: session defaults, not `SET`s that a
         // reset would undo.
-        let mut startup: Vec<(String, String)> = self.config.session_settings.clone();
+        let mut startup: Vec<(String, String)> =
+            self.config.session_settings.clone().into_iter().collect();
         if let Some(timeout) = self.config.statement_timeout {
             let millis = timeout.as_millis().max(1).to_string();
             startup.push(("statement_timeout".into(), millis));

@@ -1,9 +1,12 @@
 //! The pool's settings as plain data, with every default documented.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// How pipelined queries are spread over connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Routing {
     /// Send each query to the connection with the fewest queries in flight,
@@ -23,6 +26,8 @@ pub enum Routing {
 /// When the pool cleans a shared session behind a query; see the README's
 /// "What runs on the shared path".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum SessionCleanup {
     /// Behind every statement whose code the guard cannot read: `DO`,
@@ -42,7 +47,23 @@ pub enum SessionCleanup {
 ///
 /// [`PoolBuilder`](crate::PoolBuilder) sets these one by one; this struct is
 /// for code that keeps settings as data.
+///
+/// With the `serde` feature it deserializes, every key optional (missing
+/// keys keep their defaults, unknown keys are errors), durations in human
+/// form (`"250ms"`, `"30s"`, `"10min"`). From the environment, with the
+/// [`config`](https://docs.rs/config) crate, as deadpool-postgres users do:
+///
+/// ```ignore
+/// // PGPIPE__MAX_SIZE=16 PGPIPE__PIPELINING=true PGPIPE__WAIT_TIMEOUT=2s
+/// let settings: pgpipe::PoolConfig = config::Config::builder()
+///     .add_source(config::Environment::with_prefix("PGPIPE").separator("__").try_parsing(true))
+///     .build()?
+///     .try_deserialize()?;
+/// let pool = pgpipe::Pool::builder().url(&url).pool_config(settings).build()?;
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(default, deny_unknown_fields))]
 #[non_exhaustive]
 pub struct PoolConfig {
     /// Most connections open at once, shared and exclusive together.
@@ -77,6 +98,7 @@ pub struct PoolConfig {
     /// 1 ms (or ends earlier, when `max_batch` queries are waiting).
     ///
     /// Default: zero.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub batch_window: Duration,
     /// Most queries released together from one `batch_window`; the window
     /// closes early when this many are waiting.
@@ -92,12 +114,14 @@ pub struct PoolConfig {
     /// failing with [`ErrorKind::Timeout`](crate::ErrorKind::Timeout).
     ///
     /// Default: 30 s.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub wait_timeout: Duration,
     /// Longest a new connection may take to open (socket, TLS and
     /// authentication), unless the connection config sets its own
     /// `connect_timeout`.
     ///
     /// Default: 10 s.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub connect_timeout: Duration,
     /// Most prepared statements cached per connection.
     ///
@@ -127,11 +151,13 @@ pub struct PoolConfig {
     /// the call can return a little after the deadline.
     ///
     /// Default: none.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub query_timeout: Option<Duration>,
     /// The server-side `statement_timeout` of every connection, set at
     /// connect time. A query past it fails with SQLSTATE `57014`, alone.
     ///
     /// Default: none (the server's setting).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub statement_timeout: Option<Duration>,
     /// A shared connection with queries in flight that receives nothing for
     /// this long is killed, and its queries fail with
@@ -141,6 +167,7 @@ pub struct PoolConfig {
     /// there). `None` turns the watchdog off.
     ///
     /// Default: 60 s.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub stall_timeout: Option<Duration>,
     /// Connections older than this are retired: no new work, in-flight work
     /// finishes, then they close. Each connection's lifetime varies by up to
@@ -148,11 +175,13 @@ pub struct PoolConfig {
     /// together.
     ///
     /// Default: 30 min.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub max_lifetime: Option<Duration>,
     /// Idle connections unused for this long are closed, down to
     /// `min_idle`.
     ///
     /// Default: 10 min.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub idle_timeout: Option<Duration>,
     /// Connections kept open however idle the pool is: opened as soon as the
     /// pool is built inside a runtime (else at its first use), and opened
@@ -180,6 +209,7 @@ pub struct PoolConfig {
     /// alone.
     ///
     /// Default: 5 ms.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub slow_query_threshold: Option<Duration>,
     /// When a shared session is cleaned behind a query.
     ///
@@ -191,7 +221,7 @@ pub struct PoolConfig {
     /// needed (none is allowed on the shared path).
     ///
     /// Default: none.
-    pub session_settings: Vec<(String, String)>,
+    pub session_settings: BTreeMap<String, String>,
 }
 
 impl Default for PoolConfig {
@@ -220,7 +250,7 @@ impl Default for PoolConfig {
             max_result_rows: None,
             slow_query_threshold: Some(Duration::from_millis(5)),
             session_cleanup: SessionCleanup::default(),
-            session_settings: Vec::new(),
+            session_settings: BTreeMap::new(),
         }
     }
 }
