@@ -25,5 +25,6 @@ mod storm;
 mod support;
 mod timeouts;
 mod tls;
+mod traces;
 mod truthful;
 mod wire_batching;

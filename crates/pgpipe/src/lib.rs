@@ -19,6 +19,7 @@
 // protocol     bytes and SQL: framer, socket tap, RTT filter, SQL guard.
 // metrics      event handles, and the scrape-time collector.
 // housekeeping the 100 ms tick: clock, watchdog, lifetimes, idle.
+// trace        `tracing` spans and events (the `tracing` feature).
 // answer, executor, slow, builder, config, error, status, sync: one
 //              concept each, as named.
 
@@ -39,6 +40,7 @@ mod shared;
 mod slow;
 mod status;
 mod sync;
+mod trace;
 
 pub use answer::Answer;
 pub use batch::{Batch, BatchResults};

@@ -53,6 +53,9 @@ pub(crate) struct PoolInner {
     metrics: Option<Arc<Metrics>>,
     /// Whether the housekeeping task was started.
     housekeeping: AtomicBool,
+    /// The `pool` label of its metrics, and of its trace spans.
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    name: String,
 }
 
 /// What [`Pool::new`] needs besides the settings.
@@ -115,6 +118,7 @@ impl Pool {
             wire,
             metrics,
             housekeeping: AtomicBool::new(false),
+            name: setup.name.clone(),
         });
         // Inside a runtime, `min_idle` connections open now, not at first use.
         if inner.config.min_idle > 0 && tokio::runtime::Handle::try_current().is_ok() {
@@ -242,7 +246,13 @@ impl Pool {
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect).
     pub async fn get(&self) -> Result<Connection, Error> {
         let waiting = self.inner.metrics.as_ref().map(|_| Instant::now());
-        let conn = self.inner.checkout(Holder::Caller).await;
+        let checkout = self.inner.checkout(Holder::Caller);
+        #[cfg(feature = "tracing")]
+        let checkout = tracing::Instrument::instrument(
+            checkout,
+            tracing::info_span!(target: "pgpipe", "pgpipe.checkout", pgpipe.pool = %self.inner.name),
+        );
+        let conn = checkout.await;
         self.inner.waited(waiting);
         conn
     }
@@ -314,6 +324,12 @@ impl Pool {
 impl PoolInner {
     pub(crate) fn config(&self) -> &PoolConfig {
         &self.config
+    }
+
+    /// The pool's name (its metrics' `pool` label).
+    #[cfg(feature = "tracing")]
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     pub(crate) fn router(&self) -> &Arc<Router> {

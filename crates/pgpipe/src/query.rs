@@ -26,6 +26,7 @@ use crate::metrics::{Metrics, Mode};
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard::{self, Code};
 use crate::shared::costs::{CostKey, Costs};
+use crate::trace::Trace;
 
 /// How many times a query that never left the client (its connection died
 /// first) is run on another connection: twice more, so that one connection
@@ -33,7 +34,25 @@ use crate::shared::costs::{CostKey, Costs};
 /// server that drops every connection fails them fast.
 const UNSENT_RETRIES: u32 = 2;
 
-/// Runs one query, with metrics; `slow` is the caller's word that it is slow.
+/// The span of one query, with the `tracing` feature; see
+/// [`trace`](crate::trace) for its fields.
+#[cfg(feature = "tracing")]
+fn span(pool: &PoolInner, sql: &str, slow: bool) -> tracing::Span {
+    tracing::info_span!(
+        target: "pgpipe",
+        "pgpipe.query",
+        db.system.name = "postgresql",
+        db.operation.name = crate::trace::operation(sql),
+        pgpipe.pool = %pool.name(),
+        pgpipe.route = if pool.config().pipelining { "shared" } else { "exclusive" },
+        pgpipe.slow = slow,
+        pgpipe.ahead = tracing::field::Empty,
+        pgpipe.queued_us = tracing::field::Empty,
+    )
+}
+
+/// Runs one query, in its span with the `tracing` feature; `slow` is the
+/// caller's word that it is slow.
 pub(crate) async fn run(
     pool: &Arc<PoolInner>,
     sql: &str,
@@ -41,8 +60,34 @@ pub(crate) async fn run(
     op: Op,
     slow: bool,
 ) -> Result<Answer, Error> {
+    // The span is not entered around the future (`Instrument` would move
+    // the whole query future into its wrapper: two copies of a few KiB per
+    // query); it lives while the query runs, and its fields are recorded on
+    // it directly.
+    #[cfg(feature = "tracing")]
+    let span = span(pool, sql, slow);
+    #[cfg(feature = "tracing")]
+    let trace = Trace::new(&span);
+    #[cfg(not(feature = "tracing"))]
+    let trace = Trace::new();
+    observed(pool, sql, params, op, slow, trace).await
+}
+
+/// [`run`], counted in the metrics.
+async fn observed(
+    pool: &Arc<PoolInner>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    slow: bool,
+    trace: Trace<'_>,
+) -> Result<Answer, Error> {
     let Some(metrics) = pool.metrics() else {
-        return run_unobserved(pool, sql, params, op, slow, None).await;
+        let watch = Watch {
+            waiting: None,
+            trace,
+        };
+        return run_unobserved(pool, sql, params, op, slow, watch).await;
     };
     let start = Instant::now();
     let mut unfinished = Unfinished {
@@ -51,10 +96,22 @@ pub(crate) async fn run(
         start,
         done: false,
     };
-    let result = run_unobserved(pool, sql, params, op, slow, Some(start)).await;
+    let watch = Watch {
+        waiting: Some(start),
+        trace,
+    };
+    let result = run_unobserved(pool, sql, params, op, slow, watch).await;
     unfinished.done = true;
     metrics.query(pool.mode(), start.elapsed(), result.as_ref().map(drop));
     result
+}
+
+/// What watches one query: when it started waiting (with metrics), and its
+/// trace span (with the `tracing` feature).
+#[derive(Clone, Copy)]
+struct Watch<'a> {
+    waiting: Option<Instant>,
+    trace: Trace<'a>,
 }
 
 /// Counts a query whose caller dropped it before it finished, which would
@@ -80,7 +137,7 @@ async fn run_unobserved(
     params: &[&(dyn ToSql + Sync)],
     op: Op,
     slow: bool,
-    waiting: Option<Instant>,
+    watch: Watch<'_>,
 ) -> Result<Answer, Error> {
     let code = sql_guard::check(sql)?;
     if pool.is_closed() {
@@ -90,12 +147,12 @@ async fn run_unobserved(
     let clean = needs_cleanup(pool, code);
     if !pool.config().pipelining {
         let conn = pool.checkout(Holder::Pool).await;
-        pool.waited(waiting);
+        pool.waited(watch.waiting);
         let conn = conn?;
         let target = conn.pg_conn().target();
         return run::run_alone(target, sql, params, op, pool.run_settings(), clean).await;
     }
-    run_shared(pool, sql, params, op, slow, clean, waiting).await
+    run_shared(pool, sql, params, op, slow, clean, watch).await
 }
 
 /// Whether the session is cleaned right behind this query (see
@@ -112,8 +169,9 @@ async fn run_shared(
     op: Op,
     slow: bool,
     clean: bool,
-    waiting: Option<Instant>,
+    watch: Watch<'_>,
 ) -> Result<Answer, Error> {
+    let Watch { waiting, trace } = watch;
     let router = pool.router();
     let settings = pool.run_settings();
     let cost = Cost::of(pool, sql, slow);
@@ -125,6 +183,7 @@ async fn run_shared(
             pool.waited(waiting);
         }
         let place = place?;
+        trace.admitted(place.ahead, waiting);
         let admitted = cost.clock();
         router.batch_window(&place).await;
         let conn = &place.conn;
@@ -141,6 +200,7 @@ async fn run_shared(
                 // The connection is going (a FATAL error arrives before the
                 // socket closes): hand no freed place on it to a waiting
                 // query, which would be lost with it.
+                trace.lost(e);
                 router.retire(conn);
             }
         }

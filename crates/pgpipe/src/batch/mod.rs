@@ -132,11 +132,26 @@ impl<'a> Batch<'a> {
             return Ok(Vec::new());
         }
         let start = Instant::now();
-        let results = if self.atomic {
-            self.run_atomic().await
-        } else {
-            self.run_isolated().await
+        let run = async {
+            if self.atomic {
+                self.run_atomic().await
+            } else {
+                self.run_isolated().await
+            }
         };
+        #[cfg(feature = "tracing")]
+        let run = tracing::Instrument::instrument(
+            run,
+            tracing::info_span!(
+                target: "pgpipe",
+                "pgpipe.batch",
+                db.system.name = "postgresql",
+                pgpipe.pool = %self.pool.inner().name(),
+                pgpipe.items = self.items.len(),
+                pgpipe.atomic = self.atomic,
+            ),
+        );
+        let results = run.await;
         let pool = self.pool.inner();
         if let Some(metrics) = pool.metrics() {
             let mode = if self.atomic {

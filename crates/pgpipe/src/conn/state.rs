@@ -244,8 +244,15 @@ impl ConnState {
             .quarantined
             .compare_exchange(0, reason as u8 + 1, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
-        if let (true, Some(metrics)) = (first, &self.metrics) {
-            metrics.wire.quarantined(reason);
+        if first {
+            crate::trace::pool_warn!(
+                reason = reason.label(),
+                "a shared connection showed session state and was quarantined; it is reset \
+                 before anyone uses it again"
+            );
+            if let Some(metrics) = &self.metrics {
+                metrics.wire.quarantined(reason);
+            }
         }
     }
 

@@ -60,6 +60,7 @@ impl Router {
                 None
             }
             Err(error) => {
+                crate::trace::pool_warn!(error = %error, "a connection could not be opened");
                 let backoff = failure
                     .as_ref()
                     .map_or(BACKOFF_FIRST, |f| (f.backoff * 2).min(BACKOFF_MAX));

@@ -101,6 +101,10 @@ impl Router {
             let exclusive = state.exclusive.load(Ordering::Acquire);
             let stalled = !exclusive && state.wire_depth() > 0 && silent >= limit;
             if stalled && !state.is_dead() && !running_slow(&state) {
+                crate::trace::pool_warn!(
+                    "a shared connection owed answers and received nothing for stall_timeout: \
+                     killed, its queries fail with ConnectionLost"
+                );
                 state.kill(CloseReason::Stalled);
             }
         }

@@ -1,0 +1,78 @@
+//! With the `tracing` feature: a span per query carrying the database
+//! conventions' fields and never a parameter or SQL text, and events for
+//! what the pool does by itself.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use tracing_subscriber::fmt::format::FmtSpan;
+
+use crate::support::{app, builder};
+
+/// Everything the subscriber writes, to read back.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn queries_have_spans_and_quarantines_are_events() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_span_events(FmtSpan::CLOSE)
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let pool = builder(&app("traced"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .pool_name("traced")
+        .build()
+        .unwrap();
+    let secret = "sentinel-parameter-value";
+    let row = pool
+        .query_one("SELECT $1::text AS sentinel_sql_text", &[&secret])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), secret);
+    // A function that changes a reported setting: quarantined, an event.
+    pool.query(
+        "DO $$ BEGIN PERFORM set_config('application_name', 'changed', false); END $$",
+        &[],
+    )
+    .await
+    .unwrap();
+    drop(pool);
+
+    let text = captured.text();
+    assert!(text.contains("pgpipe.query"), "{text}");
+    assert!(text.contains("db.system.name=\"postgresql\""), "{text}");
+    assert!(text.contains("db.operation.name=\"SELECT\""), "{text}");
+    assert!(text.contains("pgpipe.pool=traced"), "{text}");
+    assert!(text.contains("pgpipe.route=\"shared\""), "{text}");
+    assert!(text.contains("quarantined"), "{text}");
+    assert!(!text.contains(secret), "a parameter reached the trace");
+    assert!(
+        !text.contains("sentinel_sql_text"),
+        "SQL text reached the trace"
+    );
+}
