@@ -7,6 +7,12 @@
 //!   on an exclusive connection from `pool.get()`, its statements written
 //!   once against `pgpipe::Executor`.
 //! - `GET /metrics`: the pool's Prometheus metrics.
+//! - `GET /healthz` (the process answers) and `GET /readyz` (the pool can
+//!   take work: open, not saturated), from `pool.status()`.
+//!
+//! Errors map to HTTP without the server's text: an overloaded or closed
+//! pool is `503` with `Retry-After`, anything else `500` with a generic
+//! body (the detail goes to the log). SQL is built once, not per request.
 //!
 //! The binary (`src/main.rs`) says how to run it.
 
@@ -30,11 +36,39 @@ pub struct AppState {
     tables: Arc<Tables>,
 }
 
-/// The service's table names (a prefix keeps parallel tests apart).
+/// The service's table names (a prefix keeps parallel tests apart), and
+/// its SQL, built once rather than per request.
 #[derive(Debug)]
 struct Tables {
     accounts: String,
     transfers: String,
+    balance: String,
+    count_transfers: String,
+    total: String,
+    lock_pair: String,
+    debit: String,
+    credit: String,
+    record: String,
+}
+
+impl Tables {
+    fn new(prefix: &str) -> Tables {
+        let (a, t) = (format!("{prefix}_accounts"), format!("{prefix}_transfers"));
+        Tables {
+            balance: format!("SELECT balance FROM {a} WHERE id = $1"),
+            count_transfers: format!(
+                "SELECT (SELECT count(*) FROM {t} WHERE from_id = $1) \
+                      + (SELECT count(*) FROM {t} WHERE to_id = $1)"
+            ),
+            total: format!("SELECT sum(balance)::int8 FROM {a}"),
+            lock_pair: format!("SELECT 1 FROM {a} WHERE id IN ($1, $2) ORDER BY id FOR UPDATE"),
+            debit: format!("UPDATE {a} SET balance = balance - $2 WHERE id = $1 AND balance >= $2"),
+            credit: format!("UPDATE {a} SET balance = balance + $2 WHERE id = $1"),
+            record: format!("INSERT INTO {t} (from_id, to_id, amount) VALUES ($1, $2, $3)"),
+            accounts: a,
+            transfers: t,
+        }
+    }
 }
 
 impl AppState {
@@ -44,10 +78,7 @@ impl AppState {
         AppState {
             pool,
             registry,
-            tables: Arc::new(Tables {
-                accounts: format!("{prefix}_accounts"),
-                transfers: format!("{prefix}_transfers"),
-            }),
+            tables: Arc::new(Tables::new(prefix)),
         }
     }
 
@@ -59,15 +90,16 @@ impl AppState {
     ///
     /// When the server refuses.
     pub async fn create_schema(&self, accounts: i64) -> Result<(), pgpipe::Error> {
-        let Tables {
-            accounts: a,
-            transfers: t,
-        } = &*self.tables;
+        let (a, t) = (&self.tables.accounts, &self.tables.transfers);
         let conn = self.pool.get().await?;
+        // The transfers are counted by account: index both sides, or every
+        // read scans a table that only grows.
         conn.batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {a} (id int8 PRIMARY KEY, balance int8 NOT NULL); \
              CREATE TABLE IF NOT EXISTS {t} (id bigserial PRIMARY KEY, from_id int8, to_id int8, \
                  amount int8, at timestamptz DEFAULT now()); \
+             CREATE INDEX IF NOT EXISTS {t}_from ON {t} (from_id); \
+             CREATE INDEX IF NOT EXISTS {t}_to ON {t} (to_id); \
              INSERT INTO {a} SELECT g, 100 FROM generate_series(1, {accounts}) g ON CONFLICT DO NOTHING;"
         ))
         .await?;
@@ -81,10 +113,7 @@ impl AppState {
     /// When the server refuses.
     pub async fn drop_schema(&self) -> Result<(), pgpipe::Error> {
         let conn = self.pool.get().await?;
-        let Tables {
-            accounts,
-            transfers,
-        } = &*self.tables;
+        let (accounts, transfers) = (&self.tables.accounts, &self.tables.transfers);
         conn.batch_execute(&format!("DROP TABLE IF EXISTS {accounts}, {transfers}"))
             .await
             .map_err(pgpipe::Error::from)
@@ -97,7 +126,24 @@ pub fn router(state: AppState) -> Router {
         .route("/accounts/{id}", get(account))
         .route("/transfers", post(transfer))
         .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { StatusCode::OK }))
+        .route("/readyz", get(ready))
         .with_state(state)
+}
+
+/// Waiting queries past which the service says it is not ready: the
+/// balancer should send new requests elsewhere until the queue drains.
+const SATURATED: usize = 1024;
+
+async fn ready(State(state): State<AppState>) -> Response {
+    let status = state.pool.status();
+    if state.pool.is_closed() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "closing").into_response();
+    }
+    if status.waiting + status.exclusive_waiting >= SATURATED {
+        return (StatusCode::SERVICE_UNAVAILABLE, "saturated").into_response();
+    }
+    StatusCode::OK.into_response()
 }
 
 /// `GET /accounts/{id}`.
@@ -117,23 +163,15 @@ async fn account(
     State(state): State<AppState>,
     Path(id): Path<i64>,
 ) -> Result<Json<Account>, AppError> {
-    let Tables {
-        accounts,
-        transfers,
-    } = &*state.tables;
-    let (balance_sql, transfers_sql, total_sql) = (
-        format!("SELECT balance FROM {accounts} WHERE id = $1"),
-        format!("SELECT count(*) FROM {transfers} WHERE from_id = $1 OR to_id = $1"),
-        format!("SELECT sum(balance)::int8 FROM {accounts}"),
-    );
+    let sql = &*state.tables;
     // Three independent queries at once: on a pipelined pool they go out
     // together and cost one round trip, not three. (The parameters are bound
     // to a name because `join!` keeps the futures past the statement.)
     let by_id: [&(dyn ToSql + Sync); 1] = [&id];
     let (balance, count, total) = tokio::try_join!(
-        state.pool.query_opt(&balance_sql, &by_id),
-        state.pool.query_one(&transfers_sql, &by_id),
-        state.pool.query_one(&total_sql, &[]),
+        state.pool.query_opt(&sql.balance, &by_id),
+        state.pool.query_one(&sql.count_transfers, &by_id),
+        state.pool.query_one(&sql.total, &[]),
     )?;
     let balance = balance.ok_or(AppError::NotFound)?;
     Ok(Json(Account {
@@ -178,37 +216,15 @@ async fn move_money(
     tables: &Tables,
     t: &Transfer,
 ) -> Result<bool, pgpipe::Error> {
-    let Tables {
-        accounts,
-        transfers,
-    } = tables;
     // Lock both rows in id order, so two opposite transfers cannot deadlock.
-    db.execute(
-        &format!("SELECT 1 FROM {accounts} WHERE id IN ($1, $2) ORDER BY id FOR UPDATE"),
-        &[&t.from, &t.to],
-    )
-    .await?;
-    let debited = db
-        .execute(
-            &format!(
-                "UPDATE {accounts} SET balance = balance - $2 WHERE id = $1 AND balance >= $2"
-            ),
-            &[&t.from, &t.amount],
-        )
-        .await?;
+    db.execute(&tables.lock_pair, &[&t.from, &t.to]).await?;
+    let debited = db.execute(&tables.debit, &[&t.from, &t.amount]).await?;
     if debited == 0 {
         return Ok(false);
     }
-    db.execute(
-        &format!("UPDATE {accounts} SET balance = balance + $2 WHERE id = $1"),
-        &[&t.to, &t.amount],
-    )
-    .await?;
-    db.execute(
-        &format!("INSERT INTO {transfers} (from_id, to_id, amount) VALUES ($1, $2, $3)"),
-        &[&t.from, &t.to, &t.amount],
-    )
-    .await?;
+    db.execute(&tables.credit, &[&t.to, &t.amount]).await?;
+    db.execute(&tables.record, &[&t.from, &t.to, &t.amount])
+        .await?;
     Ok(true)
 }
 
@@ -241,11 +257,27 @@ impl IntoResponse for AppError {
         match self {
             AppError::NotFound => StatusCode::NOT_FOUND.into_response(),
             AppError::Refused => (StatusCode::CONFLICT, "insufficient funds").into_response(),
-            // Overload is the client's cue to back off, not a server bug.
-            AppError::Pool(e) if matches!(e.kind(), ErrorKind::Timeout | ErrorKind::QueueFull) => {
-                (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response()
+            // Overload (or shutting down) is the client's cue to come back
+            // later, not a server bug. Nothing ran, so a retry is safe.
+            AppError::Pool(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Timeout | ErrorKind::QueueFull | ErrorKind::Closed
+                ) =>
+            {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(header::RETRY_AFTER, "1")],
+                    "busy, retry shortly",
+                )
+                    .into_response()
             }
-            AppError::Pool(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+            // The detail (the server's message, table names) goes to the
+            // log, never to the client.
+            AppError::Pool(e) => {
+                eprintln!("request failed: {e}");
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
+            }
         }
     }
 }

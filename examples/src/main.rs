@@ -30,10 +30,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .registry(&registry)
         .pool_name("bank")
         .build()?;
-    let state = AppState::new(pool, registry, "pgpipe_example");
+    let state = AppState::new(pool.clone(), registry, "pgpipe_example");
     state.create_schema(1000).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, router(state)).await?;
+    // On Ctrl-C: stop taking requests, let the ones in flight finish, then
+    // close the pool once its work has drained.
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    if !pool
+        .close_and_wait(std::time::Duration::from_secs(10))
+        .await
+    {
+        eprintln!("closed with queries still running");
+    }
     Ok(())
 }

@@ -121,3 +121,87 @@ async fn the_service_answers_concurrent_requests_and_its_metrics_move() {
     server.abort();
     state.drop_schema().await.unwrap();
 }
+
+/// As [`call`], with the `Retry-After` header of the answer.
+async fn call_with_retry_after(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    body: &str,
+) -> (StatusCode, Option<String>, String) {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_string());
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        retry_after,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_errors_that_leak_nothing() {
+    let pool = pgpipe::Pool::builder()
+        .url(&database_url())
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let prefix = unique("bank");
+    let state = AppState::new(pool.clone(), prometheus::Registry::new(), &prefix);
+    state.create_schema(5).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
+
+    assert_eq!(
+        call(addr, Method::GET, "/healthz", "").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(addr, Method::GET, "/readyz", "").await.0,
+        StatusCode::OK
+    );
+    // A database error (bigint out of range): 500, and not a word of the
+    // server's message.
+    let overflow = r#"{"from": 1, "to": 2, "amount": -9223372036854775808}"#;
+    let (status, _, body) = call_with_retry_after(addr, Method::POST, "/transfers", overflow).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body, "internal error");
+    // A closed pool: not ready, and requests are told when to come back.
+    pool.close();
+    assert_eq!(
+        call(addr, Method::GET, "/readyz", "").await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let (status, retry_after, body) =
+        call_with_retry_after(addr, Method::GET, "/accounts/1", "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert!(!body.contains("closed"), "{body}");
+    let cleanup = AppState::new(
+        pgpipe::Pool::builder()
+            .url(&database_url())
+            .build()
+            .unwrap(),
+        prometheus::Registry::new(),
+        &prefix,
+    );
+    cleanup.drop_schema().await.unwrap();
+}

@@ -25,6 +25,5 @@ mod storm;
 mod support;
 mod timeouts;
 mod tls;
-mod traces;
 mod truthful;
 mod wire_batching;

@@ -1,13 +1,15 @@
 //! With the `tracing` feature: a span per query carrying the database
 //! conventions' fields and never a parameter or SQL text, and events for
 //! what the pool does by itself.
+//!
+//! A binary of its own: tracing caches, per call site, whether anyone
+//! listens, and other tests' spans on other threads race with this test's
+//! subscriber when they share a process.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use tracing_subscriber::fmt::format::FmtSpan;
-
-use crate::support::{app, builder};
 
 /// Everything the subscriber writes, to read back.
 #[derive(Clone, Default)]
@@ -41,7 +43,10 @@ async fn queries_have_spans_and_quarantines_are_events() {
         .finish();
     let _default = tracing::subscriber::set_default(subscriber);
 
-    let pool = builder(&app("traced"))
+    let pool = pgpipe::Pool::builder()
+        .url(&pgpipe_test_support::url_with_app(
+            &pgpipe_test_support::unique("traced"),
+        ))
         .max_size(1)
         .max_exclusive(1)
         .pipelining(true)
