@@ -17,22 +17,8 @@ async fn call(
     path: &str,
     body: &str,
 ) -> (StatusCode, String) {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    let status = response.status();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&bytes).into_owned())
+    let (status, _, body) = call_with_retry_after(addr, method, path, body).await;
+    (status, body)
 }
 
 /// The value of the first series of `name` whose line contains `labels`.
