@@ -154,3 +154,35 @@ async fn a_query_its_caller_dropped_is_counted_as_cancelled() {
     );
     assert_eq!(cancelled, 1.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_operators_ask_for_next_is_exported_and_moves() {
+    let registry = Registry::new();
+    let pool = builder(&app("ops_metrics"))
+        .max_size(2)
+        .pipelining(true)
+        .statement_cache_capacity(1)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        pool.query("SELECT 1", &[]).await.unwrap();
+    }
+    pool.query("SELECT 2", &[]).await.unwrap(); // evicts SELECT 1
+    let conn = pool.get().await.unwrap();
+    drop(conn);
+    let scrape = Scrape::of(&registry);
+    assert!(scrape.value("pgpipe_statement_cache_hits_total", &[]) >= 2.0);
+    assert!(scrape.value("pgpipe_statement_cache_misses_total", &[]) >= 2.0);
+    assert!(scrape.value("pgpipe_statement_cache_evictions_total", &[]) >= 1.0);
+    assert!(scrape.histogram_count("pgpipe_connection_open_seconds") >= 1);
+    assert_eq!(scrape.histogram_count("pgpipe_exclusive_hold_seconds"), 1);
+    assert_eq!(
+        scrape.value(
+            "pgpipe_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        1.0
+    );
+    assert!(scrape.value("pgpipe_connections", &[("state", "opening")]) >= 0.0);
+}

@@ -102,6 +102,7 @@ impl Pool {
             config.wait_timeout,
             config.pipelining,
             run_settings(&config),
+            metrics.clone(),
         );
         let router = Arc::new(Router::new(
             config.clone(),
@@ -389,6 +390,7 @@ impl PoolInner {
         Snapshot {
             status,
             wire_depth: self.router.counts().wire_depth,
+            opening: self.router.counts().opening,
             queue_capacity: self.config.queue_capacity,
             rtt: self.wire.rtt.estimate(),
         }

@@ -42,6 +42,7 @@ impl managed::Manager for Manager {
     type Error = Error;
 
     async fn create(&self) -> Result<PgConn, Error> {
+        let started = Instant::now();
         let state = Arc::new(ConnState::new(self.wire.metrics.clone()));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(
@@ -69,6 +70,9 @@ impl managed::Manager for Manager {
         connect::check_session_attrs(&self.config, &client).await?;
         if let Some(metrics) = &self.wire.metrics {
             metrics.created.inc();
+            metrics
+                .connection_open
+                .observe(started.elapsed().as_secs_f64());
         }
         Ok(PgConn {
             client,

@@ -111,7 +111,9 @@ impl PgConn {
     /// so to every task waiting for it).
     pub(crate) async fn prepare_for_cache(&self, ticket: Ticket) -> u64 {
         let result = self.client.prepare(ticket.sql()).await.map_err(Arc::new);
-        self.cache.complete(ticket, result)
+        let generation = self.cache.complete(ticket, result);
+        self.state.statements_evicted(self.cache.take_evicted());
+        generation
     }
 
     /// Notes why the pool is about to drop this connection.

@@ -339,20 +339,37 @@ pub(crate) async fn cached_statement(
     prepare: Prepare<'_>,
     sql: &str,
 ) -> Result<(Statement, u64), Error> {
+    let mut counted = false;
     loop {
         let ticket = match conn.cache.lookup(sql) {
-            Lookup::Ready(statement, generation) => return Ok((statement, generation)),
+            Lookup::Ready(statement, generation) => {
+                conn.state.statement_looked_up(true);
+                return Ok((statement, generation));
+            }
             Lookup::Pending(receiver, generation) => match statement_cache::wait(receiver).await {
-                Some(Ok(statement)) => return Ok((statement, generation)),
+                Some(Ok(statement)) => {
+                    if !counted {
+                        // It waited for another query's prepare: a miss.
+                        conn.state.statement_looked_up(false);
+                    }
+                    return Ok((statement, generation));
+                }
                 Some(Err(e)) => return Err(prepare_failed(&e, conn)),
                 None => continue, // its preparer was cancelled; look again
             },
-            Lookup::Miss(ticket) => ticket,
+            Lookup::Miss(ticket) => {
+                if !counted {
+                    conn.state.statement_looked_up(false);
+                    counted = true;
+                }
+                ticket
+            }
         };
         match prepare {
             Prepare::Inline => {
                 let result = conn.client.prepare(ticket.sql()).await.map_err(Arc::new);
                 let generation = conn.cache.complete(ticket, result.clone());
+                conn.state.statements_evicted(conn.cache.take_evicted());
                 return match result {
                     Ok(statement) => Ok((statement, generation)),
                     Err(e) => Err(prepare_failed(&e, conn)),

@@ -270,6 +270,21 @@ impl ConnState {
         Draining(&self.draining)
     }
 
+    /// Counts a statement-cache lookup: a hit, or a miss (a prepare was
+    /// needed, by this query or one it waited for).
+    pub(crate) fn statement_looked_up(&self, hit: bool) {
+        if let Some(metrics) = &self.metrics {
+            metrics.statement_lookup(hit);
+        }
+    }
+
+    /// Counts statements evicted from the connection's cache.
+    pub(crate) fn statements_evicted(&self, evicted: u64) {
+        if let (Some(metrics), true) = (&self.metrics, evicted > 0) {
+            metrics.statements_evicted.inc_by(evicted);
+        }
+    }
+
     /// Whether an answer over the caps is being drained.
     pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire) > 0

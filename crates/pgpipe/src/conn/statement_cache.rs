@@ -41,6 +41,8 @@ pub(crate) struct StatementCache<S = Statement> {
     entries: RwLock<FxHashMap<Arc<str>, Entry<S>>>,
     clock: AtomicU64,
     generations: AtomicU64,
+    /// Statements evicted and not yet counted in the metrics.
+    evicted: AtomicU64,
 }
 
 struct Entry<S> {
@@ -80,6 +82,7 @@ impl<S> StatementCache<S> {
             entries: RwLock::new(FxHashMap::default()),
             clock: AtomicU64::new(0),
             generations: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
         })
     }
 
@@ -148,6 +151,11 @@ impl<S> StatementCache<S> {
         ticket.generation
     }
 
+    /// Statements evicted since the last call (for the metrics).
+    pub(crate) fn take_evicted(&self) -> u64 {
+        self.evicted.swap(0, Ordering::Relaxed)
+    }
+
     /// Drops the entry for `sql` if it is still the one identified by
     /// `generation` (a concurrent task may already have replaced it).
     pub(crate) fn invalidate(&self, sql: &str, generation: u64) {
@@ -181,6 +189,7 @@ impl<S> StatementCache<S> {
                 Some(sql) => {
                     entries.remove(&sql);
                     ready -= 1;
+                    self.evicted.fetch_add(1, Ordering::Relaxed);
                 }
                 None => break,
             }

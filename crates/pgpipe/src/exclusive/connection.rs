@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use deadpool::managed::Object;
@@ -13,6 +14,7 @@ use crate::answer::{Answer, Op};
 use crate::conn::run::{self, Prepare, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
+use crate::metrics::Metrics;
 
 /// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
 /// until dropped, never shared meanwhile.
@@ -47,14 +49,23 @@ pub struct Connection {
     object: Object<Manager>,
     _claim: Claim,
     run: RunSettings,
+    /// Since when its user holds it, for `exclusive_hold_seconds` (only
+    /// `get()`'s connections, not the pool's own one-query checkouts).
+    held: Option<(std::time::Instant, Arc<Metrics>)>,
 }
 
 impl Connection {
-    pub(super) fn new(object: Object<Manager>, claim: Claim, run: RunSettings) -> Connection {
+    pub(super) fn new(
+        object: Object<Manager>,
+        claim: Claim,
+        run: RunSettings,
+        held: Option<Arc<Metrics>>,
+    ) -> Connection {
         Connection {
             object,
             _claim: claim,
             run,
+            held: held.map(|metrics| (std::time::Instant::now(), metrics)),
         }
     }
 
@@ -161,6 +172,11 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        if let Some((since, metrics)) = &self.held {
+            metrics
+                .exclusive_hold
+                .observe(since.elapsed().as_secs_f64());
+        }
         self.object.state.exclusive.store(false, Ordering::Release);
         self.object.returned();
     }

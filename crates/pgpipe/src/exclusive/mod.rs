@@ -27,6 +27,7 @@ use crate::config::deadline_after;
 use crate::conn::Manager;
 use crate::conn::run::RunSettings;
 use crate::error::{Error, ErrorKind};
+use crate::metrics::Metrics;
 use crate::shared::Router;
 use crate::sync::lock;
 
@@ -145,6 +146,7 @@ pub(crate) struct Exclusive {
     pipelining: bool,
     /// How queries on a checked-out connection run.
     run: RunSettings,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Exclusive {
@@ -154,6 +156,7 @@ impl Exclusive {
         wait_timeout: Duration,
         pipelining: bool,
         run: RunSettings,
+        metrics: Option<Arc<Metrics>>,
     ) -> Exclusive {
         Exclusive {
             pg,
@@ -164,6 +167,7 @@ impl Exclusive {
             wait_timeout,
             pipelining,
             run,
+            metrics,
         }
     }
 
@@ -247,6 +251,10 @@ impl Exclusive {
             object.state.needs_reset.store(true, Ordering::Release);
         }
         object.state.exclusive.store(true, Ordering::Release);
-        Ok(Connection::new(object, claim, self.run))
+        let held = match holder {
+            Holder::Caller => self.metrics.clone(),
+            Holder::Pool => None,
+        };
+        Ok(Connection::new(object, claim, self.run, held))
     }
 }

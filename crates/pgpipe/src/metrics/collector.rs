@@ -18,6 +18,8 @@ pub(crate) struct Snapshot {
     pub(crate) status: Status,
     /// Pipelined queries written and not yet answered.
     pub(crate) wire_depth: u64,
+    /// Connections being opened for the shared path.
+    pub(crate) opening: usize,
     pub(crate) queue_capacity: usize,
     pub(crate) rtt: Option<Duration>,
 }
@@ -74,7 +76,7 @@ impl PoolCollector {
             )?,
             descs: Vec::new(),
         };
-        for state in ["idle", "shared", "exclusive"] {
+        for state in ["idle", "shared", "exclusive", "opening"] {
             collector.connections.with_label_values(&[state]);
         }
         collector.descs = collector
@@ -113,6 +115,7 @@ impl PoolCollector {
             ("idle", status.idle),
             ("shared", status.shared),
             ("exclusive", status.exclusive),
+            ("opening", snapshot.opening),
         ] {
             self.connections
                 .with_label_values(&[state])
@@ -153,13 +156,29 @@ pub(crate) fn register(
         ))
     };
     let state = PoolCollector::new(snapshot, name).map_err(fail)?;
+    let build = IntGauge::with_opts(
+        opts(
+            "build_info",
+            "pgpipe's version, as a label; always 1.",
+            name,
+        )
+        .const_label("version", env!("CARGO_PKG_VERSION")),
+    )
+    .map_err(fail)?;
+    build.set(1);
     let mut collectors: Vec<Box<dyn Collector>> = vec![
         Box::new(state),
+        Box::new(build),
         Box::new(metrics.queries_vec.clone()),
         Box::new(metrics.durations_vec.clone()),
         Box::new(metrics.connection_wait.clone()),
         Box::new(metrics.flush_wait.clone()),
         Box::new(metrics.in_flight.clone()),
+        Box::new(metrics.statement_hits.clone()),
+        Box::new(metrics.statement_misses.clone()),
+        Box::new(metrics.statements_evicted.clone()),
+        Box::new(metrics.connection_open.clone()),
+        Box::new(metrics.exclusive_hold.clone()),
         Box::new(metrics.inflight_failed.clone()),
         Box::new(metrics.rejected_vec.clone()),
         Box::new(metrics.created.clone()),

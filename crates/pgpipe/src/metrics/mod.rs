@@ -197,6 +197,13 @@ pub(crate) struct Metrics {
     pub(crate) flush_wait: Histogram,
     /// Pipelined queries in flight when one was admitted, itself included.
     pub(crate) in_flight: Histogram,
+    statement_hits: IntCounter,
+    statement_misses: IntCounter,
+    pub(crate) statements_evicted: IntCounter,
+    /// Time to open a connection, from the socket to ready.
+    pub(crate) connection_open: Histogram,
+    /// Time a connection from `get()` was held.
+    pub(crate) exclusive_hold: Histogram,
     inflight_failed: IntCounter,
     rejected: Box<[IntCounter]>,
     pub(crate) created: IntCounter,
@@ -314,6 +321,34 @@ impl Metrics {
                 pool,
                 IN_FLIGHT,
             ))?,
+            statement_hits: IntCounter::with_opts(opts(
+                "statement_cache_hits_total",
+                "Queries whose statement was in their connection's cache.",
+                pool,
+            ))?,
+            statement_misses: IntCounter::with_opts(opts(
+                "statement_cache_misses_total",
+                "Queries whose statement had to be prepared first (by them, or by a query \
+                 they waited for).",
+                pool,
+            ))?,
+            statements_evicted: IntCounter::with_opts(opts(
+                "statement_cache_evictions_total",
+                "Statements dropped from a full cache (statement_cache_capacity).",
+                pool,
+            ))?,
+            connection_open: Histogram::with_opts(histogram(
+                "connection_open_seconds",
+                "Time to open a connection: socket, TLS, start-up and authentication.",
+                pool,
+                SECONDS,
+            ))?,
+            exclusive_hold: Histogram::with_opts(histogram(
+                "exclusive_hold_seconds",
+                "Time a connection checked out with get() was held by its user.",
+                pool,
+                SECONDS,
+            ))?,
             inflight_failed: IntCounter::with_opts(opts(
                 "pipeline_inflight_failed_total",
                 "Pipelined queries failed because their shared connection broke under them.",
@@ -377,6 +412,15 @@ impl Metrics {
     pub(crate) fn cancelled(&self, mode: Mode, elapsed: Duration) {
         self.queries[mode as usize][Outcome::Cancelled as usize].inc();
         self.durations[mode as usize].observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a statement-cache lookup.
+    pub(crate) fn statement_lookup(&self, hit: bool) {
+        if hit {
+            self.statement_hits.inc();
+        } else {
+            self.statement_misses.inc();
+        }
     }
 
     pub(crate) fn closed(&self, reason: CloseReason) {

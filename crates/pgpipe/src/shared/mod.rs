@@ -89,6 +89,8 @@ pub(crate) struct Counts {
     pub(crate) waiting: usize,
     /// Written and not yet answered.
     pub(crate) wire_depth: u64,
+    /// Being opened for the shared path.
+    pub(crate) opening: usize,
 }
 
 impl Router {
@@ -172,6 +174,7 @@ impl Router {
             in_flight: conns.iter().map(|c| c.in_flight() as usize).sum(),
             waiting: self.queue.len(),
             wire_depth: conns.iter().map(|c| c.state().wire_depth()).sum(),
+            opening: self.opening.load(Ordering::Acquire),
         }
     }
 
