@@ -403,3 +403,41 @@ async fn a_session_setting_survives_every_reset_and_cleanup() {
         .unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Config);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_connect_sql_is_there_after_every_reset_and_cleanup() {
+    let pool = builder(&app("safety_hook"))
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .after_connect(
+            "SET search_path = pg_catalog, public; SELECT set_config('app.hook', 'on', false)",
+        )
+        .build()
+        .unwrap();
+    let hook = |pool: Pool| async move {
+        let row = pool
+            .query_one(
+                "SELECT current_setting('search_path'), current_setting('app.hook', true)",
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get::<_, String>(0), row.get::<_, Option<String>>(1))
+    };
+    let expected = ("pg_catalog, public".to_string(), Some("on".to_string()));
+    assert_eq!(hook(pool.clone()).await, expected);
+    // A cleanup behind unknown code runs it again.
+    pool.query(
+        "DO $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$",
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(hook(pool.clone()).await, expected);
+    // So does the reset after an exclusive user.
+    let conn = pool.get().await.unwrap();
+    conn.batch_execute("RESET ALL").await.unwrap();
+    drop(conn);
+    assert_eq!(hook(pool.clone()).await, expected);
+}

@@ -89,11 +89,13 @@ async fn batch_sizes_and_round_trips_saved_agree_with_the_proxy() {
     assert!(within(saved, proxy_saved, 0.05), "round trips saved");
     // The proxy sees a byte stream: two writes that reach it within a few
     // microseconds of each other arrive in one read, so its chunks are
-    // slightly fewer than the pool's writes (3 to 9% here). Its batch size is
-    // an upper bound, and close.
+    // fewer than the pool's writes: 3 to 9% here on a quiet machine, 11%
+    // once under a clean CI build's load (how often writes meet in the
+    // proxy's socket depends on scheduling). Its batch size is an upper
+    // bound, and close; the exact check is the Sync count above.
     let (ours, theirs) = (syncs / writes, proxy_syncs / proxy_chunks);
     assert!(
-        ours <= theirs * 1.01 && within(ours, theirs, 0.10),
+        ours <= theirs * 1.01 && within(ours, theirs, 0.20),
         "batch size {ours} vs {theirs}"
     );
 }

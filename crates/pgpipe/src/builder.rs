@@ -182,6 +182,13 @@ impl PoolBuilder {
         self
     }
 
+    /// SQL run on every new connection and again after every session reset
+    /// and cleanup; see [`PoolConfig::after_connect`].
+    pub fn after_connect(mut self, sql: impl Into<String>) -> Self {
+        self.config.after_connect = Some(sql.into());
+        self
+    }
+
     /// Connections kept open however idle the pool is; see
     /// [`PoolConfig::min_idle`]. Default: 0.
     pub fn min_idle(mut self, connections: usize) -> Self {

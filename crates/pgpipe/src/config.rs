@@ -222,6 +222,15 @@ pub struct PoolConfig {
     ///
     /// Default: none.
     pub session_settings: BTreeMap<String, String>,
+    /// SQL run on every new connection, and again after every session reset
+    /// and cleanup, so that what it sets up is always there (one or more
+    /// `;`-separated statements, as a simple query). For settings prefer
+    /// `session_settings`; do not change settings the server reports
+    /// (`application_name`, `TimeZone` …: that looks like session state on
+    /// the wire) and do not `PREPARE` (a cleanup would find it).
+    ///
+    /// Default: none.
+    pub after_connect: Option<String>,
 }
 
 impl Default for PoolConfig {
@@ -251,6 +260,7 @@ impl Default for PoolConfig {
             slow_query_threshold: Some(Duration::from_millis(5)),
             session_cleanup: SessionCleanup::default(),
             session_settings: BTreeMap::new(),
+            after_connect: None,
         }
     }
 }

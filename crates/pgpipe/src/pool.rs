@@ -90,6 +90,7 @@ impl Pool {
             max_lifetime: config.max_lifetime,
             wire: Arc::clone(&wire),
             tls: setup.tls,
+            after_connect: config.after_connect.as_deref().map(Arc::from),
         };
         let pg = deadpool::managed::Pool::builder(manager)
             .max_size(config.max_size)

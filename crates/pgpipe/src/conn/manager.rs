@@ -22,6 +22,8 @@ pub(crate) struct Manager {
     pub(crate) max_lifetime: Option<Duration>,
     pub(crate) wire: Arc<PoolWire>,
     pub(crate) tls: Tls,
+    /// SQL run on every new connection (and after every reset).
+    pub(crate) after_connect: Option<Arc<str>>,
 }
 
 /// How long a checkout waits for a returned connection to finish what its
@@ -43,7 +45,10 @@ impl managed::Manager for Manager {
 
     async fn create(&self) -> Result<PgConn, Error> {
         let started = Instant::now();
-        let state = Arc::new(ConnState::new(self.wire.metrics.clone()));
+        let state = Arc::new(ConnState::new(
+            self.wire.metrics.clone(),
+            self.after_connect.clone(),
+        ));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(
             &self.config,
@@ -68,6 +73,12 @@ impl managed::Manager for Manager {
         state.last_progress_tick.store(now, Ordering::Relaxed);
         state.returned_tick.store(now, Ordering::Relaxed);
         connect::check_session_attrs(&self.config, &client).await?;
+        if let Some(sql) = &self.after_connect {
+            client
+                .batch_execute(sql)
+                .await
+                .map_err(|e| Error::connect(e).at("after_connect"))?;
+        }
         if let Some(metrics) = &self.wire.metrics {
             metrics.created.inc();
             metrics

@@ -97,6 +97,10 @@ impl PgConn {
              pg_catalog.pg_prepared_statements WHERE from_sql LOOP \
              EXECUTE format('DEALLOCATE %I', s); END LOOP; END $$",
         );
+        if let Some(after) = self.state.after_connect() {
+            sql.push_str("; ");
+            sql.push_str(after);
+        }
         self.client
             .batch_execute(&sql)
             .await

@@ -186,7 +186,19 @@ pub(crate) async fn clean_session(target: Target<'_>) {
              WHERE from_sql"
         )
     });
-    let clean = match target.client.simple_query(&CLEANUP).await {
+    let with_hook;
+    let cleanup = match target.state.after_connect() {
+        // The pool's own set-up, again, before the count.
+        Some(after) => {
+            with_hook = format!(
+                "{SESSION_CLEANUP}; {after}; SELECT count(*) FROM \
+                 pg_catalog.pg_prepared_statements WHERE from_sql"
+            );
+            &with_hook
+        }
+        None => &*CLEANUP,
+    };
+    let clean = match target.client.simple_query(cleanup).await {
         Ok(messages) => {
             messages.iter().rev().find_map(|m| match m {
                 SimpleQueryMessage::Row(row) => row.get(0).map(|count| count == "0"),

@@ -155,6 +155,9 @@ pub(crate) struct ConnState {
     metrics: Option<Arc<Metrics>>,
     /// Answers over the result caps being read and dropped.
     draining: AtomicU64,
+    /// The pool's `after_connect` SQL, run again after every reset and
+    /// cleanup.
+    after_connect: Option<Arc<str>>,
 }
 
 /// Counts an answer as draining while it lives.
@@ -167,11 +170,18 @@ impl Drop for Draining<'_> {
 }
 
 impl ConnState {
-    pub(crate) fn new(metrics: Option<Arc<Metrics>>) -> ConnState {
+    pub(crate) fn new(metrics: Option<Arc<Metrics>>, after_connect: Option<Arc<str>>) -> ConnState {
         ConnState {
             metrics,
+            after_connect,
             ..ConnState::default()
         }
+    }
+
+    /// The SQL that sets a session up after connecting, and after every
+    /// reset and cleanup.
+    pub(crate) fn after_connect(&self) -> Option<&str> {
+        self.after_connect.as_deref()
     }
 
     pub(crate) fn is_dead(&self) -> bool {
