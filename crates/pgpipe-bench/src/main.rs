@@ -48,7 +48,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --tasks LIST       concurrent tasks, e.g. 1,64,512
   --targets TEXT     only targets whose name contains TEXT
   --rates LIST       open-loop rates (requests/s) for the echo and head-of-line workloads
-  --out PATH         JSON lines (default bench-results/results.jsonl)
+  --out PATH         JSON lines (default bench-results/results.jsonl; with --smoke, bench-results/smoke.jsonl)
   --chart PATH       SVG chart (default bench-results/throughput.svg)
   --no-pgbench       skip the pgbench ceiling
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
@@ -113,6 +113,7 @@ impl Plan {
         } else {
             Plan::quick()
         };
+        let mut out_given = false;
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
@@ -143,7 +144,10 @@ impl Plan {
                     let filter = value()?;
                     plan.targets.retain(|k| k.name().contains(&filter));
                 }
-                "--out" => plan.out = PathBuf::from(value()?),
+                "--out" => {
+                    plan.out = PathBuf::from(value()?);
+                    out_given = true;
+                }
                 "--chart" => plan.chart = PathBuf::from(value()?),
                 "--no-pgbench" => plan.pgbench = None,
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
@@ -165,6 +169,11 @@ impl Plan {
                 }
                 other => return Err(format!("unknown option {other}\n\n{HELP}")),
             }
+        }
+        // A smoke run is not a result: it never overwrites the last real
+        // run's JSON lines (whose chart it does not redraw either).
+        if plan.smoke && !out_given {
+            plan.out = PathBuf::from("bench-results/smoke.jsonl");
         }
         if plan.rounds == 0 || plan.targets.is_empty() || plan.tasks.is_empty() {
             return Err("nothing to run".into());
@@ -364,6 +373,17 @@ fn print_header(plan: &Plan, server: &Server, version: &str, proxy: &Proxy, args
         plan.warmup.as_secs_f64(),
         plan.rounds,
         if proxy.realtime() { "yes" } else { "no" },
+    );
+    println!();
+    println!(
+        "Columns: `× deadpool (16)` and `× shared client` are this row's queries/s over that \
+         target's in the same cell; `conns`: server connections used; `syncs/write`: queries \
+         per socket write, counted by the proxy (RTT > 0 only); `saved ms/q: est. / vs off`: \
+         pgpipe's own estimate of the latency a pipelined query saved (round trips avoided × \
+         the RTT estimate), then the measured difference per query against `pgpipe off` with \
+         the same pool size in the same cell (which at high concurrency is mostly queueing, not \
+         round trips: the two are different quantities, not an estimate and its error); \
+         `client/server µs/q`: CPU per query."
     );
 }
 
