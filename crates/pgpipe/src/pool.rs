@@ -22,7 +22,7 @@ use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
 use crate::exclusive::{Connection, Exclusive, Holder};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
-use crate::shared::Router;
+use crate::shared::{Counts, Router};
 use crate::slow::Slow;
 use crate::status::Status;
 use crate::{executor, housekeeping, query};
@@ -371,8 +371,11 @@ impl PoolInner {
     }
 
     pub(crate) fn status(&self) -> Status {
+        self.status_with(&self.router.counts())
+    }
+
+    fn status_with(&self, shared: &Counts) -> Status {
         let pg = self.pg.status();
-        let shared = self.router.counts();
         Status {
             max_size: self.config.max_size,
             size: pg.size,
@@ -387,11 +390,12 @@ impl PoolInner {
 
     /// What the metrics collector reads at a scrape.
     fn snapshot(&self) -> Snapshot {
-        let status = self.status();
+        // One pass over the shared connections for the whole scrape.
+        let shared = self.router.counts();
         Snapshot {
-            status,
-            wire_depth: self.router.counts().wire_depth,
-            opening: self.router.counts().opening,
+            status: self.status_with(&shared),
+            wire_depth: shared.wire_depth,
+            opening: shared.opening,
             queue_capacity: self.config.queue_capacity,
             rtt: self.wire.rtt.estimate(),
         }
