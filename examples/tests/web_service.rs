@@ -1,25 +1,14 @@
 //! Starts the example service on port 0 against the test server and drives
 //! it with concurrent requests.
 
+mod http;
+
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use http::{call, call_with_retry_after};
+use hyper::{Method, StatusCode};
 use pgpipe_examples::{Account, AppState, router};
 use pgpipe_test_support::{database_url, unique};
-
-/// One HTTP/1.1 request on a connection of its own.
-async fn call(
-    addr: std::net::SocketAddr,
-    method: Method,
-    path: &str,
-    body: &str,
-) -> (StatusCode, String) {
-    let (status, _, body) = call_with_retry_after(addr, method, path, body).await;
-    (status, body)
-}
 
 /// The value of the first series of `name` whose line contains `labels`.
 fn series(scrape: &str, name: &str, labels: &str) -> f64 {
@@ -106,39 +95,6 @@ async fn the_service_answers_concurrent_requests_and_its_metrics_move() {
 
     server.abort();
     state.drop_schema().await.unwrap();
-}
-
-/// As [`call`], with the `Retry-After` header of the answer.
-async fn call_with_retry_after(
-    addr: std::net::SocketAddr,
-    method: Method,
-    path: &str,
-    body: &str,
-) -> (StatusCode, Option<String>, String) {
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    let request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    let status = response.status();
-    let retry_after = response
-        .headers()
-        .get("retry-after")
-        .map(|v| v.to_str().unwrap().to_string());
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        retry_after,
-        String::from_utf8_lossy(&bytes).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,14 +26,23 @@ fn dashboard_exprs() -> Vec<String> {
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(variables, ["datasource", "pool"], "the template variables");
+    assert_eq!(
+        variables,
+        ["datasource", "job", "instance", "pool"],
+        "the template variables: a fleet is picked by job and instance"
+    );
     assert_eq!(dashboard["templating"]["list"][0]["type"], "datasource");
     assert_eq!(dashboard["templating"]["list"][0]["query"], "prometheus");
     let mut exprs = Vec::new();
     collect_exprs(&dashboard, &mut exprs);
     exprs
         .into_iter()
-        .map(|e| e.replace("$__rate_interval", "1m").replace("$pool", ".*"))
+        .map(|e| {
+            ["$__rate_interval", "$job", "$instance", "$pool"]
+                .iter()
+                .zip(["1m", ".*", ".*", ".*"])
+                .fold(e, |e, (variable, value)| e.replace(variable, value))
+        })
         .collect()
 }
 
@@ -52,13 +61,18 @@ fn collect_exprs(value: &serde_json::Value, out: &mut Vec<String>) {
     }
 }
 
-/// Every `expr:` of the alert rules (kept on one line each).
+/// Every `expr:` of the rules (kept on one line each).
 fn rule_exprs() -> Vec<String> {
+    rule_lines("expr:")
+}
+
+/// The value of every line of the rules that starts with `key`.
+fn rule_lines(key: &str) -> Vec<String> {
     std::fs::read_to_string(repo_file("dashboards/alerts.yml"))
         .unwrap()
         .lines()
-        .filter_map(|line| line.trim().strip_prefix("expr:"))
-        .map(|expr| expr.trim().to_string())
+        .filter_map(|line| line.trim().trim_start_matches("- ").strip_prefix(key))
+        .map(|value| value.trim().to_string())
         .collect()
 }
 
@@ -117,7 +131,10 @@ async fn every_expression_parses_and_names_exported_metrics() {
         "{} dashboard expressions",
         dashboard.len()
     );
-    assert_eq!(rules.len(), 5);
+    assert_eq!(rules.len(), 8, "one recording rule and seven alerts");
+    // A name with a colon is a recording rule's, defined in the same file.
+    let recorded: BTreeSet<String> = rule_lines("record:").into_iter().collect();
+    assert_eq!(recorded.len(), 1);
     let mut used = BTreeSet::new();
     for expr in dashboard.iter().chain(&rules) {
         let ast = parser::parse(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
@@ -125,6 +142,13 @@ async fn every_expression_parses_and_names_exported_metrics() {
         metric_names(&ast, &mut names);
         assert!(!names.is_empty(), "{expr} names no metric");
         for name in names {
+            if name.contains(':') {
+                assert!(
+                    recorded.contains(&name),
+                    "{expr} names {name}, never recorded"
+                );
+                continue;
+            }
             assert!(
                 exported.contains(&name),
                 "{expr} names {name}, which is not exported"
@@ -144,6 +168,9 @@ async fn every_expression_parses_and_names_exported_metrics() {
         "pgpipe_connections",
         "pgpipe_pending_requests",
         "pgpipe_pipeline_rejected_total",
+        "pgpipe_connection_errors_total",
+        "pgpipe_pipeline_round_trips_saved_total",
+        "pgpipe_build_info",
     ] {
         assert!(used.contains(needed), "no panel shows {needed}");
     }
@@ -163,5 +190,56 @@ fn promtool_accepts_the_rules() {
         output.status.success(),
         "{}",
         String::from_utf8_lossy(&output.stdout) + String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Each alert waits before firing, has a severity an on-call accepts, is
+/// computed per instance, and links to its runbook, which exists.
+#[test]
+fn every_alert_waits_is_per_instance_and_has_a_runbook() {
+    let rules = std::fs::read_to_string(repo_file("dashboards/alerts.yml")).unwrap();
+    let runbooks = std::fs::read_to_string(repo_file("dashboards/README.md")).unwrap();
+    let alerts: Vec<&str> = rules.split("- alert: ").skip(1).collect();
+    assert_eq!(alerts.len(), 7);
+    let mut critical = Vec::new();
+    for alert in alerts {
+        let name = alert.lines().next().unwrap().trim();
+        let field = |key: &str| {
+            alert
+                .lines()
+                .find_map(|line| line.trim().strip_prefix(key))
+                .map(|value| value.trim().trim_matches('"').to_string())
+                .unwrap_or_else(|| panic!("{name} has no {key}"))
+        };
+        assert!(!field("for:").is_empty(), "{name}: for");
+        let severity = field("severity:");
+        assert!(
+            ["critical", "warning", "info"].contains(&severity.as_str()),
+            "{name}: severity {severity}"
+        );
+        if severity == "critical" {
+            critical.push(name.to_string());
+        }
+        let expr = field("expr:");
+        assert!(
+            expr.contains("by (job, instance, pool)")
+                || expr == "pgpipe:database_unreachable"
+                || expr.starts_with("absent("),
+            "{name} is not computed per instance: {expr}"
+        );
+        let runbook = field("runbook_url:");
+        assert!(
+            runbook.ends_with(&format!("dashboards/README.md#{}", name.to_lowercase())),
+            "{name}: runbook_url {runbook}"
+        );
+        assert!(
+            runbooks.contains(&format!("\n### {name}\n")),
+            "{name} has no runbook section in dashboards/README.md"
+        );
+    }
+    assert_eq!(
+        critical,
+        ["PgpipeDatabaseUnreachable"],
+        "only an unreachable database pages"
     );
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use pgpipe::{Pool, PoolBuilder};
 use pgpipe_proxy::Proxy;
-use pgpipe_test_support::{database_url, unique, url_with_app, with_param};
+use pgpipe_test_support::{database_url, required_tool, unique, url_with_app, with_param};
 use prometheus::Registry;
 use prometheus::proto::{MetricFamily, MetricType};
 
@@ -176,24 +176,9 @@ pub(crate) fn histogram_mean(scrape: &Scrape, name: &str) -> f64 {
     scrape.value(name, &[]) / count as f64
 }
 
-/// The path of `promtool`, found on `PATH`.
-///
-/// Outside CI a missing `promtool` skips the check (`None`, with a note on
-/// stderr). Under CI (`CI=true`, as `.ci/run` is run) it fails the test:
-/// CI installs it, so a missing one means the check would pass unchecked.
+/// The path of `promtool` (see [`required_tool`]).
 pub(crate) fn promtool() -> Option<std::path::PathBuf> {
-    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .map(|dir| dir.join("promtool"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "promtool is not on PATH, and CI=true: .ci/run must install it (Debian's \
-             prometheus package), or this check would pass without checking"
-        );
-        eprintln!("promtool is not installed; skipping its check (under CI=true this fails)");
-    }
-    found
+    required_tool("promtool", "Debian's prometheus package")
 }
 
 pub(crate) async fn echo_load(pool: &Pool, tasks: i64, per_task: i64) {

@@ -105,6 +105,27 @@ fn answers(url: &str) -> bool {
     }
 }
 
+/// The path of the program `name`, found on `PATH`.
+///
+/// Outside CI a missing program skips the test that needs it (`None`, with a
+/// note on stderr saying what is skipped). Under CI (`CI=true`, as `.ci/run`
+/// is run) it panics: CI installs what its tests need, so a missing program
+/// means a check would pass without checking.
+pub fn required_tool(name: &str, install: &str) -> Option<PathBuf> {
+    let found = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name} is not on PATH, and CI=true: .ci/run must install it ({install}), \
+             or this check would pass without checking"
+        );
+        eprintln!("{name} is not installed ({install}); skipping (under CI=true this fails)");
+    }
+    found
+}
+
 /// A name no other test (or test run) uses: `prefix_pid_counter`.
 pub fn unique(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -39,11 +39,10 @@ fn jitter(lifetime: Duration) -> Duration {
     lifetime.saturating_sub(Duration::from_nanos(random % tenth.max(1)))
 }
 
-impl managed::Manager for Manager {
-    type Type = PgConn;
-    type Error = Error;
-
-    async fn create(&self) -> Result<PgConn, Error> {
+impl Manager {
+    /// Opens one connection: socket, TLS, start-up, the session checks and
+    /// `after_connect`.
+    async fn open(&self) -> Result<PgConn, Error> {
         let started = Instant::now();
         let state = Arc::new(ConnState::new(
             self.wire.metrics.clone(),
@@ -95,6 +94,19 @@ impl managed::Manager for Manager {
             lifetime: self.max_lifetime.map(jitter),
             wire: Arc::clone(&self.wire),
         })
+    }
+}
+
+impl managed::Manager for Manager {
+    type Type = PgConn;
+    type Error = Error;
+
+    async fn create(&self) -> Result<PgConn, Error> {
+        let opened = self.open().await;
+        if let (Err(_), Some(metrics)) = (&opened, &self.wire.metrics) {
+            metrics.connection_errors.inc();
+        }
+        opened
     }
 
     async fn recycle(&self, conn: &mut PgConn, _: &managed::Metrics) -> RecycleResult<Error> {

@@ -182,6 +182,7 @@ pub(crate) fn register(
         Box::new(metrics.inflight_failed.clone()),
         Box::new(metrics.rejected_vec.clone()),
         Box::new(metrics.created.clone()),
+        Box::new(metrics.connection_errors.clone()),
         Box::new(metrics.closed_vec.clone()),
         Box::new(metrics.quarantined_vec.clone()),
         Box::new(metrics.wire.batch_size.clone()),

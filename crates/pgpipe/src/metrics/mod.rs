@@ -207,6 +207,9 @@ pub(crate) struct Metrics {
     inflight_failed: IntCounter,
     rejected: Box<[IntCounter]>,
     pub(crate) created: IntCounter,
+    /// Opens that failed: refused, unreachable, timed out, rejected at
+    /// start-up or by `after_connect`.
+    pub(crate) connection_errors: IntCounter,
     closed: Box<[IntCounter]>,
     pub(crate) wire: WireMetrics,
     // The families, for collection.
@@ -358,6 +361,12 @@ impl Metrics {
             created: IntCounter::with_opts(opts(
                 "connections_created_total",
                 "Connections opened.",
+                pool,
+            ))?,
+            connection_errors: IntCounter::with_opts(opts(
+                "connection_errors_total",
+                "Connections that could not be opened: refused, unreachable, timed out, \
+                 rejected at start-up or by after_connect.",
                 pool,
             ))?,
             closed: children(&closed_vec, CloseReason::ALL, CloseReason::label),
