@@ -186,3 +186,76 @@ async fn what_operators_ask_for_next_is_exported_and_moves() {
     );
     assert!(scrape.value("pgpipe_connections", &[("state", "opening")]) >= 0.0);
 }
+
+/// Queries through `Executor` on a `get()` connection and its transactions
+/// count as `mode="exclusive"` on a pipelined pool, and `get()` itself is
+/// counted by outcome, a refused one also as a rejection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_traffic_and_checkouts_are_counted() {
+    use pgpipe::Executor;
+
+    let registry = Registry::new();
+    let pool = builder(&app("exclusive_counted"))
+        .max_size(1)
+        .pipelining(true)
+        .wait_timeout(Duration::from_millis(200))
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let exclusive = |outcome: &str| {
+        Scrape::of(&registry).value(
+            "pgpipe_queries_total",
+            &[("mode", "exclusive"), ("outcome", outcome)],
+        )
+    };
+    let checkouts = |outcome: &str| {
+        Scrape::of(&registry).value("pgpipe_checkouts_total", &[("outcome", outcome)])
+    };
+
+    let mut conn = pool.get().await.unwrap();
+    conn.query_one("SELECT 1", &[]).await.unwrap();
+    conn.execute("SELECT 2", &[]).await.unwrap();
+    {
+        let tx = conn.transaction().await.unwrap();
+        tx.query("SELECT 3", &[]).await.unwrap();
+        tx.execute("SELECT 1/0", &[]).await.unwrap_err();
+    }
+    assert_eq!(exclusive("ok"), 3.0);
+    assert_eq!(exclusive("db_error"), 1.0);
+    assert_eq!(checkouts("ok"), 1.0);
+
+    // The only connection is held: a second get() in this task would never
+    // be served (refused as a deadlock), in another it times out.
+    let refused = pool.get().await.unwrap_err();
+    assert_eq!(refused.kind(), pgpipe::ErrorKind::Deadlock);
+    let other = pool.clone();
+    let refused = tokio::spawn(async move { other.get().await.map(drop) })
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(refused.kind(), pgpipe::ErrorKind::Timeout);
+    assert_eq!(checkouts("rejected"), 1.0);
+    assert_eq!(checkouts("timeout"), 1.0);
+    for reason in ["deadlock", "timeout"] {
+        assert_eq!(
+            Scrape::of(&registry).value("pgpipe_pipeline_rejected_total", &[("reason", reason)]),
+            1.0,
+            "{reason}"
+        );
+    }
+
+    // A query its caller drops is cancelled, not lost.
+    let slow = conn.query("SELECT pg_sleep(1)", &[]);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), slow)
+            .await
+            .is_err()
+    );
+    assert_eq!(exclusive("cancelled"), 1.0);
+    drop(conn);
+    // The pool's own queries are still pipelined, not exclusive (once the
+    // abandoned sleep has ended and the connection is back).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pool.query("SELECT 4", &[]).await.unwrap();
+    assert_eq!(exclusive("ok"), 3.0);
+}

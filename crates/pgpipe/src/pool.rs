@@ -256,6 +256,9 @@ impl Pool {
         );
         let conn = checkout.await;
         self.inner.waited(waiting);
+        if let Some(metrics) = &self.inner.metrics {
+            metrics.checkout(conn.as_ref().map(drop));
+        }
         conn
     }
 

@@ -22,7 +22,7 @@ use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::housekeeping;
-use crate::metrics::{Metrics, Mode};
+use crate::metrics::Counting;
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard::{self, Code};
 use crate::shared::costs::{CostKey, Costs};
@@ -89,20 +89,13 @@ async fn observed(
         };
         return run_unobserved(pool, sql, params, op, slow, watch).await;
     };
-    let start = Instant::now();
-    let mut unfinished = Unfinished {
-        metrics,
-        mode: pool.mode(),
-        start,
-        done: false,
-    };
+    let counting = Counting::start(metrics, pool.mode());
     let watch = Watch {
-        waiting: Some(start),
+        waiting: Some(counting.started()),
         trace,
     };
     let result = run_unobserved(pool, sql, params, op, slow, watch).await;
-    unfinished.done = true;
-    metrics.query(pool.mode(), start.elapsed(), result.as_ref().map(drop));
+    counting.finish(result.as_ref().map(drop));
     result
 }
 
@@ -112,23 +105,6 @@ async fn observed(
 struct Watch<'a> {
     waiting: Option<Instant>,
     trace: Trace<'a>,
-}
-
-/// Counts a query whose caller dropped it before it finished, which would
-/// otherwise end under no outcome at all.
-struct Unfinished<'a> {
-    metrics: &'a Metrics,
-    mode: Mode,
-    start: Instant,
-    done: bool,
-}
-
-impl Drop for Unfinished<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.metrics.cancelled(self.mode, self.start.elapsed());
-        }
-    }
 }
 
 async fn run_unobserved(

@@ -14,7 +14,7 @@ use crate::answer::{Answer, Op};
 use crate::conn::run::{self, Prepare, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
-use crate::metrics::Metrics;
+use crate::metrics::{Counting, Metrics, Mode};
 
 /// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
 /// until dropped, never shared meanwhile.
@@ -49,8 +49,9 @@ pub struct Connection {
     object: Object<Manager>,
     _claim: Claim,
     run: RunSettings,
-    /// Since when its user holds it, for `exclusive_hold_seconds` (only
-    /// `get()`'s connections, not the pool's own one-query checkouts).
+    /// Since when its user holds it, for `exclusive_hold_seconds`, and the
+    /// metrics its `Executor` queries count in (only `get()`'s connections:
+    /// the pool's own one-query checkouts are counted where they start).
     held: Option<(std::time::Instant, Arc<Metrics>)>,
 }
 
@@ -86,7 +87,10 @@ impl Connection {
             ..
         } = &mut *self.object;
         let inner = client.transaction().await?;
-        Ok(Transaction::new(inner, cache, state, peer, self.run))
+        let metrics = self.held.as_ref().map(|(_, metrics)| &**metrics);
+        Ok(Transaction::new(
+            inner, cache, state, peer, self.run, metrics,
+        ))
     }
 
     /// The next notification from a `LISTEN` on this connection, waiting
@@ -147,7 +151,15 @@ impl Connection {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        run::run_for_holder(self.object.target(), sql, params, op, self.run).await
+        let counting = self
+            .held
+            .as_ref()
+            .map(|(_, m)| Counting::start(m, Mode::Exclusive));
+        let result = run::run_for_holder(self.object.target(), sql, params, op, self.run).await;
+        if let Some(counting) = counting {
+            counting.finish(result.as_ref().map(drop));
+        }
+        result
     }
 
     /// Prepares `sql` through the connection's statement cache: the first

@@ -14,6 +14,7 @@ use crate::conn::connect::Peer;
 use crate::conn::run::{self, Prepare, RunSettings, Target};
 use crate::conn::statement_cache::StatementCache;
 use crate::error::Error;
+use crate::metrics::{Counting, Metrics, Mode};
 
 /// A transaction, from [`Connection::transaction`](crate::Connection::transaction).
 ///
@@ -45,6 +46,8 @@ pub struct Transaction<'a> {
     state: &'a ConnState,
     peer: &'a Peer,
     run: RunSettings,
+    /// Where its `Executor` queries are counted.
+    metrics: Option<&'a Metrics>,
 }
 
 impl<'a> Transaction<'a> {
@@ -54,6 +57,7 @@ impl<'a> Transaction<'a> {
         state: &'a ConnState,
         peer: &'a Peer,
         run: RunSettings,
+        metrics: Option<&'a Metrics>,
     ) -> Transaction<'a> {
         Transaction {
             inner,
@@ -61,6 +65,7 @@ impl<'a> Transaction<'a> {
             state,
             peer,
             run,
+            metrics,
         }
     }
 
@@ -94,7 +99,12 @@ impl<'a> Transaction<'a> {
     pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
         let inner = self.inner.transaction().await?;
         Ok(Transaction::new(
-            inner, self.cache, self.state, self.peer, self.run,
+            inner,
+            self.cache,
+            self.state,
+            self.peer,
+            self.run,
+            self.metrics,
         ))
     }
 
@@ -106,7 +116,12 @@ impl<'a> Transaction<'a> {
     pub async fn savepoint(&mut self, name: impl Into<String>) -> Result<Transaction<'_>, Error> {
         let inner = self.inner.savepoint(name).await?;
         Ok(Transaction::new(
-            inner, self.cache, self.state, self.peer, self.run,
+            inner,
+            self.cache,
+            self.state,
+            self.peer,
+            self.run,
+            self.metrics,
         ))
     }
 
@@ -141,7 +156,12 @@ impl<'a> Transaction<'a> {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        run::run_for_holder(self.target(), sql, params, op, self.run).await
+        let counting = self.metrics.map(|m| Counting::start(m, Mode::Exclusive));
+        let result = run::run_for_holder(self.target(), sql, params, op, self.run).await;
+        if let Some(counting) = counting {
+            counting.finish(result.as_ref().map(drop));
+        }
+        result
     }
 }
 

@@ -170,6 +170,7 @@ pub(crate) fn register(
         Box::new(state),
         Box::new(build),
         Box::new(metrics.queries_vec.clone()),
+        Box::new(metrics.checkouts_vec.clone()),
         Box::new(metrics.durations_vec.clone()),
         Box::new(metrics.connection_wait.clone()),
         Box::new(metrics.flush_wait.clone()),

@@ -15,7 +15,7 @@
 
 mod collector;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus::{
     Counter, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
@@ -205,6 +205,8 @@ pub(crate) struct Metrics {
     /// Time a connection from `get()` was held.
     pub(crate) exclusive_hold: Histogram,
     inflight_failed: IntCounter,
+    /// `get()`s by [`Outcome`].
+    checkouts: Box<[IntCounter]>,
     rejected: Box<[IntCounter]>,
     pub(crate) created: IntCounter,
     /// Opens that failed: refused, unreachable, timed out, rejected at
@@ -214,6 +216,7 @@ pub(crate) struct Metrics {
     pub(crate) wire: WireMetrics,
     // The families, for collection.
     queries_vec: IntCounterVec,
+    checkouts_vec: IntCounterVec,
     durations_vec: HistogramVec,
     rejected_vec: IntCounterVec,
     closed_vec: IntCounterVec,
@@ -263,6 +266,14 @@ impl Metrics {
                     .collect()
             })
             .collect();
+        let checkouts_vec = IntCounterVec::new(
+            opts(
+                "checkouts_total",
+                "Exclusive checkouts (get()) finished, by how they ended.",
+                pool,
+            ),
+            &["outcome"],
+        )?;
         let durations_vec = HistogramVec::new(
             histogram(
                 "query_duration_seconds",
@@ -357,6 +368,7 @@ impl Metrics {
                 "Pipelined queries failed because their shared connection broke under them.",
                 pool,
             ))?,
+            checkouts: children(&checkouts_vec, Outcome::ALL, Outcome::label),
             rejected: children(&rejected_vec, Rejection::ALL, Rejection::label),
             created: IntCounter::with_opts(opts(
                 "connections_created_total",
@@ -396,6 +408,7 @@ impl Metrics {
                 ),
             },
             queries_vec,
+            checkouts_vec,
             durations_vec,
             rejected_vec,
             closed_vec,
@@ -418,9 +431,18 @@ impl Metrics {
     }
 
     /// Records a query whose caller dropped it before it finished.
-    pub(crate) fn cancelled(&self, mode: Mode, elapsed: Duration) {
+    fn cancelled(&self, mode: Mode, elapsed: Duration) {
         self.queries[mode as usize][Outcome::Cancelled as usize].inc();
         self.durations[mode as usize].observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how a `get()` ended: its outcome, and for a refusal
+    /// (timeout, deadlock, closed) its reason.
+    pub(crate) fn checkout(&self, result: Result<(), &Error>) {
+        self.checkouts[Outcome::of(result) as usize].inc();
+        if let Some(reason) = result.err().and_then(|e| Rejection::of(e.kind())) {
+            self.rejected[reason as usize].inc();
+        }
     }
 
     /// Counts a statement-cache lookup.
@@ -434,5 +456,44 @@ impl Metrics {
 
     pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed[reason as usize].inc();
+    }
+}
+
+/// One query being counted: [`finish`](Counting::finish) records how it
+/// ended; dropped before that (its caller dropped the future), it counts as
+/// `cancelled`, so that every query ends under some outcome.
+pub(crate) struct Counting<'a> {
+    metrics: &'a Metrics,
+    mode: Mode,
+    start: Instant,
+    done: bool,
+}
+
+impl<'a> Counting<'a> {
+    pub(crate) fn start(metrics: &'a Metrics, mode: Mode) -> Counting<'a> {
+        Counting {
+            metrics,
+            mode,
+            start: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// When the query started.
+    pub(crate) fn started(&self) -> Instant {
+        self.start
+    }
+
+    pub(crate) fn finish(mut self, result: Result<(), &Error>) {
+        self.done = true;
+        self.metrics.query(self.mode, self.start.elapsed(), result);
+    }
+}
+
+impl Drop for Counting<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.metrics.cancelled(self.mode, self.start.elapsed());
+        }
     }
 }
