@@ -14,6 +14,9 @@
 //! pool is `503` with `Retry-After`, anything else `500` with a generic
 //! body (the detail goes to the log). SQL is built once, not per request.
 //!
+//! Settings come from the environment ([`pool_settings`]), and errors and
+//! the pool's own events go to a `tracing` subscriber.
+//!
 //! The binary (`src/main.rs`) says how to run it.
 
 use std::sync::Arc;
@@ -24,9 +27,32 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use pgpipe::tokio_postgres::types::ToSql;
-use pgpipe::{ErrorKind, Executor, Pool};
+use pgpipe::{ErrorKind, Executor, Pool, PoolConfig};
 use prometheus::{Registry, TextEncoder};
 use serde::{Deserialize, Serialize};
+
+/// Where the pool's settings come from: `PGPIPE__` variables, `__` between
+/// nested keys, values parsed (`PGPIPE__MAX_SIZE=16`,
+/// `PGPIPE__PIPELINING=false`, `PGPIPE__WAIT_TIMEOUT=2s`,
+/// `PGPIPE__SESSION_SETTINGS__SEARCH_PATH=bank`). Every key of
+/// [`PoolConfig`] can be set.
+pub fn environment() -> config::Environment {
+    config::Environment::with_prefix("PGPIPE")
+        .separator("__")
+        .try_parsing(true)
+}
+
+/// The pool's settings: this service's defaults (8 connections,
+/// pipelining on), overridden by `source`, usually [`environment`]. A bad
+/// value is an error naming its key; so is an unknown key.
+pub fn pool_settings(source: config::Environment) -> Result<PoolConfig, config::ConfigError> {
+    config::Config::builder()
+        .set_default("max_size", 8)?
+        .set_default("pipelining", true)?
+        .add_source(source)
+        .build()?
+        .try_deserialize()
+}
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -275,7 +301,7 @@ impl IntoResponse for AppError {
             // The detail (the server's message, table names) goes to the
             // log, never to the client.
             AppError::Pool(e) => {
-                eprintln!("request failed: {e}");
+                tracing::error!(error = %e, may_have_run = e.may_have_run(), "request failed");
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal error").into_response()
             }
         }

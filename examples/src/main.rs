@@ -12,28 +12,41 @@
 //! ```
 //!
 //! `LISTEN_ADDR` changes the address (default `127.0.0.1:3000`: keep the
-//! metrics off public interfaces).
+//! metrics off public interfaces). The pool's settings come from `PGPIPE__`
+//! variables (`PGPIPE__MAX_SIZE=16 PGPIPE__WAIT_TIMEOUT=2s`; see
+//! [`pgpipe_examples::environment`]), and `RUST_LOG` picks what is logged
+//! (default `info`: failed requests, and the pool's own events such as a
+//! connection that could not be opened; `pgpipe=debug` adds more).
 
 use pgpipe::Pool;
-use pgpipe_examples::{AppState, router};
+use pgpipe_examples::{AppState, environment, pool_settings, router};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let filter: Targets = std::env::var("RUST_LOG")
+        .unwrap_or_else(|_| "info".into())
+        .parse()?;
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer())
+        .with(filter)
+        .init();
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let addr = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".into());
     let registry = prometheus::Registry::new();
     let pool = Pool::builder()
         .url(&url)
-        .max_size(8)
-        .pipelining(true)
+        .pool_config(pool_settings(environment())?)
         .registry(&registry)
         .pool_name("bank")
         .build()?;
     let state = AppState::new(pool.clone(), registry, "pgpipe_example");
     state.create_schema(1000).await?;
     let listener = tokio::net::TcpListener::bind(&addr).await?;
-    println!("listening on http://{}", listener.local_addr()?);
+    tracing::info!("listening on http://{}", listener.local_addr()?);
     // On Ctrl-C: stop taking requests, let the ones in flight finish, then
     // close the pool once its work has drained.
     axum::serve(listener, router(state))
@@ -45,7 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .close_and_wait(std::time::Duration::from_secs(10))
         .await
     {
-        eprintln!("closed with queries still running");
+        tracing::warn!("closed with queries still running");
     }
     Ok(())
 }

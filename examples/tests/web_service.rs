@@ -147,3 +147,46 @@ async fn health_readiness_and_errors_that_leak_nothing() {
     );
     cleanup.drop_schema().await.unwrap();
 }
+
+#[test]
+fn settings_come_from_the_environment() {
+    use pgpipe_examples::{environment, pool_settings};
+
+    let env = |vars: &[(&str, &str)]| {
+        let vars = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        environment().source(Some(vars))
+    };
+    let defaults = pool_settings(env(&[])).unwrap();
+    assert_eq!((defaults.max_size, defaults.pipelining), (8, true));
+
+    let settings = pool_settings(env(&[
+        ("PGPIPE__MAX_SIZE", "3"),
+        ("PGPIPE__PIPELINING", "false"),
+        ("PGPIPE__WAIT_TIMEOUT", "250ms"),
+        ("PGPIPE__SESSION_SETTINGS__SEARCH_PATH", "bank"),
+    ]))
+    .unwrap();
+    assert_eq!((settings.max_size, settings.pipelining), (3, false));
+    assert_eq!(settings.wait_timeout, Duration::from_millis(250));
+    assert_eq!(
+        settings
+            .session_settings
+            .get("search_path")
+            .map(String::as_str),
+        Some("bank")
+    );
+    // The settings build a pool.
+    pgpipe::Pool::builder()
+        .url(&database_url())
+        .pool_config(settings)
+        .build()
+        .unwrap();
+
+    let bad = pool_settings(env(&[("PGPIPE__WAIT_TIMEOUT", "soon")])).unwrap_err();
+    assert!(bad.to_string().contains("wait_timeout"), "{bad}");
+    let unknown = pool_settings(env(&[("PGPIPE__MAX_SIZ", "3")])).unwrap_err();
+    assert!(unknown.to_string().contains("max_siz"), "{unknown}");
+}
