@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::config::{PoolConfig, Routing, SessionCleanup};
+use crate::pooler::{Pooler, Prepare};
 use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
 use crate::pool::{Pool, Setup};
@@ -131,6 +132,20 @@ impl PoolBuilder {
     /// [`PoolConfig::query_timeout`].
     pub fn query_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.config.query_timeout = timeout.into();
+        self
+    }
+
+    /// The server-side pooler between the pool and PostgreSQL; see
+    /// [`Pooler`]. Default: [`Pooler::None`].
+    pub fn pooler(mut self, pooler: Pooler) -> Self {
+        self.config.pooler = pooler;
+        self
+    }
+
+    /// How statements are prepared; see [`Prepare`]. Default: picked by the
+    /// pooler.
+    pub fn prepare(mut self, prepare: Prepare) -> Self {
+        self.config.prepare = Some(prepare);
         self
     }
 
@@ -325,7 +340,7 @@ impl PoolBuilder {
             name,
             tls: self.tls,
         };
-        Pool::new(server, self.config, setup)
+        Pool::new(server, self.config.effective(), setup)
     }
 }
 

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::pooler::{Pooler, Prepare};
+
 /// How pipelined queries are spread over connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
@@ -231,6 +233,17 @@ pub struct PoolConfig {
     ///
     /// Default: none.
     pub after_connect: Option<String>,
+    /// The server-side pooler between the pool and PostgreSQL, and what it
+    /// guarantees; see [`Pooler`].
+    ///
+    /// Default: [`Pooler::None`].
+    pub pooler: Pooler,
+    /// How statements are prepared; `None` picks by the pooler:
+    /// [`Prepare::Unnamed`] through a transaction pooler that does not map
+    /// named statements, else [`Prepare::Named`].
+    ///
+    /// Default: `None`.
+    pub prepare: Option<Prepare>,
 }
 
 impl Default for PoolConfig {
@@ -239,7 +252,7 @@ impl Default for PoolConfig {
         PoolConfig {
             max_size: cpus * 4,
             pipelining: false,
-            max_pipeline_depth: 64,
+            max_pipeline_depth: DEFAULT_DEPTH,
             routing: Routing::default(),
             batch_window: Duration::ZERO,
             max_batch: 64,
@@ -261,6 +274,8 @@ impl Default for PoolConfig {
             session_cleanup: SessionCleanup::default(),
             session_settings: BTreeMap::new(),
             after_connect: None,
+            pooler: Pooler::None,
+            prepare: None,
         }
     }
 }
@@ -273,7 +288,76 @@ pub(crate) fn deadline_after(after: Duration) -> tokio::time::Instant {
         .unwrap_or_else(|| now + Duration::from_secs(30 * 365 * 24 * 3600))
 }
 
+/// `max_pipeline_depth`'s default.
+const DEFAULT_DEPTH: usize = 64;
+
 impl PoolConfig {
+    /// How statements are prepared, as set or as the pooler requires.
+    pub(crate) fn prepare_mode(&self) -> Prepare {
+        self.prepare.unwrap_or(if self.pooler.allows_named() {
+            Prepare::Named
+        } else {
+            Prepare::Unnamed
+        })
+    }
+
+    /// The settings as they take effect: through a pooler that cannot
+    /// track a pipeline, one query in flight per connection.
+    pub(crate) fn effective(mut self) -> PoolConfig {
+        if !self.pooler.allows_pipeline() {
+            self.max_pipeline_depth = 1;
+        }
+        self
+    }
+
+    /// Settings that cannot work through the declared pooler, with what to
+    /// do instead.
+    fn check_pooler(&self) -> Result<(), String> {
+        if !self.pooler.is_transaction() {
+            return Ok(());
+        }
+        let no_session = "a transaction pooler gives each transaction whichever server is free, \
+                          so there is no session to keep";
+        if self.statement_timeout.is_some() {
+            return Err(format!(
+                "statement_timeout cannot be set through a transaction pooler: {no_session} \
+                 (and PgBouncer before 1.20 refuses the start-up `options` it needs); set it \
+                 with ALTER ROLE … SET statement_timeout, or use the pooler's query_timeout"
+            ));
+        }
+        if !self.session_settings.is_empty() {
+            return Err(format!(
+                "session_settings cannot be set through a transaction pooler: {no_session}; \
+                 set them with ALTER ROLE … SET or ALTER DATABASE … SET"
+            ));
+        }
+        if self.after_connect.is_some() {
+            return Err(format!(
+                "after_connect cannot run through a transaction pooler: {no_session}"
+            ));
+        }
+        if self.prepare == Some(Prepare::Named) && !self.pooler.allows_named() {
+            return Err("prepare = Named needs a pooler that maps named statements across its \
+                 servers (PgBouncer 1.21+ with max_prepared_statements > 0); without one a \
+                 statement prepared on one server is missing, or another client's, on the \
+                 next: leave prepare unset (unnamed statements)"
+                .into());
+        }
+        if !self.pooler.allows_pipeline()
+            && self.max_pipeline_depth > 1
+            && self.max_pipeline_depth != DEFAULT_DEPTH
+        {
+            return Err(format!(
+                "max_pipeline_depth {} needs a pooler that tracks pipelines (PgBouncer 1.21+); \
+                 this one can move a connection to another server between two pipelined \
+                 queries and mix up their answers, so pgpipe keeps one query in flight per \
+                 connection: leave max_pipeline_depth unset, or use the pooler's session mode",
+                self.max_pipeline_depth
+            ));
+        }
+        Ok(())
+    }
+
     /// The exclusive cap in effect.
     pub(crate) fn exclusive_limit(&self) -> usize {
         self.max_exclusive.unwrap_or(if self.pipelining {
@@ -286,6 +370,7 @@ impl PoolConfig {
     /// Checks the settings together; every invalid combination is an error
     /// message here, never a panic later.
     pub(crate) fn validate(&self) -> Result<(), String> {
+        self.check_pooler()?;
         if self.max_size == 0 {
             return Err("max_size must be at least 1".into());
         }

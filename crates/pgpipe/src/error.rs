@@ -319,7 +319,9 @@ impl Error {
     /// connection is closed, and the cause's type.
     pub(crate) fn from_query(error: tokio_postgres::Error, connection_closed: bool) -> Error {
         let kind = if let Some(db) = error.as_db_error() {
-            if is_fatal(db) {
+            if pooler_found_no_server(db) {
+                ErrorKind::Connect
+            } else if is_fatal(db) {
                 ErrorKind::ConnectionLost
             } else {
                 ErrorKind::Db
@@ -353,6 +355,7 @@ impl Error {
     /// by every task that waited on it.
     pub(crate) fn from_shared_prepare(error: &Arc<tokio_postgres::Error>, closed: bool) -> Error {
         let kind = match error.as_db_error() {
+            Some(db) if pooler_found_no_server(db) => ErrorKind::Connect,
             Some(db) if is_fatal(db) => ErrorKind::ConnectionLost,
             Some(_) => ErrorKind::Db,
             None if closed || error.is_closed() => ErrorKind::ConnectionLost,
@@ -366,6 +369,21 @@ impl Error {
             ran: false,
         }))
     }
+}
+
+/// PgBouncer's words for a query it could not give a server: it waited
+/// past `query_wait_timeout`, or logins to the server keep failing
+/// (`server_login_retry`), or it cannot reach it. The query never ran, so
+/// it is a [`ErrorKind::Connect`] error, not a lost connection (which may
+/// have run it). PostgreSQL itself never sends these messages.
+fn pooler_found_no_server(db: &DbError) -> bool {
+    const NO_SERVER: &[&str] = &[
+        "query_wait_timeout",
+        "server login has been failing",
+        "pgbouncer cannot connect to server",
+        "no more connections allowed",
+    ];
+    NO_SERVER.iter().any(|m| db.message().starts_with(m))
 }
 
 /// A server error that ends the session (FATAL/PANIC, e.g. `57P01` from

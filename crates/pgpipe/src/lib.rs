@@ -20,6 +20,8 @@
 // metrics      event handles, and the scrape-time collector.
 // housekeeping the 100 ms tick: clock, watchdog, lifetimes, idle.
 // trace        `tracing` spans and events (the `tracing` feature).
+// pooler       what a server-side pooler guarantees; how statements are
+//              prepared through it.
 // answer, executor, slow, builder, config, error, status, sync: one
 //              concept each, as named.
 
@@ -34,6 +36,7 @@ mod executor;
 mod housekeeping;
 mod metrics;
 mod pool;
+mod pooler;
 mod protocol;
 mod query;
 mod shared;
@@ -50,6 +53,7 @@ pub use error::{Error, ErrorKind};
 pub use exclusive::{Connection, Transaction};
 pub use executor::Executor;
 pub use pool::Pool;
+pub use pooler::{Pooler, Prepare};
 pub use slow::Slow;
 pub use status::Status;
 

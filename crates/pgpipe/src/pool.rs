@@ -18,10 +18,12 @@ use crate::builder::PoolBuilder;
 use crate::config::{PoolConfig, deadline_after};
 use crate::conn::run::{Limits, RunSettings};
 use crate::conn::tls::Tls;
+use crate::conn::describe::Descriptions;
 use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
 use crate::exclusive::{Connection, Exclusive, Holder};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
+use crate::pooler::Prepare;
 use crate::shared::{Counts, Router};
 use crate::slow::Slow;
 use crate::status::Status;
@@ -84,14 +86,25 @@ impl Pool {
             None => None,
         };
         let wire = Arc::new(PoolWire::new(metrics.clone()));
-        let manager = Manager {
+        let mut manager = Manager {
             config: server,
             statement_cache_capacity: config.statement_cache_capacity,
             max_lifetime: config.max_lifetime,
             wire: Arc::clone(&wire),
             tls: setup.tls,
             after_connect: config.after_connect.as_deref().map(Arc::from),
+            transaction_pooler: config.pooler.is_transaction(),
+            descriptions: None,
         };
+        if config.prepare_mode() == Prepare::Unnamed {
+            // Descriptions are learned on a connection opened as the pool
+            // opens its own.
+            let describer = manager.clone();
+            manager.descriptions = Some(Arc::new(Descriptions::new(
+                describer,
+                config.statement_cache_capacity,
+            )));
+        }
         let pg = deadpool::managed::Pool::builder(manager)
             .max_size(config.max_size)
             .runtime(Runtime::Tokio1)

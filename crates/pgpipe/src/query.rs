@@ -134,7 +134,12 @@ async fn run_unobserved(
 /// Whether the session is cleaned right behind this query (see
 /// [`SessionCleanup`]).
 pub(crate) fn needs_cleanup(pool: &PoolInner, code: Code) -> bool {
-    code == Code::Unknown || pool.config().session_cleanup == SessionCleanup::EveryQuery
+    let config = pool.config();
+    // Behind a transaction pooler there is no session of the connection's
+    // own to clean (and a cleanup pipelined behind a query would be a
+    // second Sync in flight).
+    !config.pooler.is_transaction()
+        && (code == Code::Unknown || config.session_cleanup == SessionCleanup::EveryQuery)
 }
 
 /// Runs a query on the shared path.

@@ -7,13 +7,12 @@
 //! (`25P02`) and answers `COMMIT` with a `ROLLBACK` tag and no error, so the
 //! outcome is read from the items' errors, never from `COMMIT` alone.
 
-use tokio_postgres::Statement;
 
 use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::conn::params;
-use crate::conn::run::{self, Late, Limits, Prepare, Target};
+use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::protocol::sql_guard;
@@ -93,12 +92,12 @@ impl Batch<'_> {
         let begin = answers.next().expect("a BEGIN step");
         let commit = answers.next_back().expect("a COMMIT step");
         let items: Vec<Result<Option<Answer>, Error>> = answers.collect();
-        for ((item, result), (_, generation)) in self.items.iter().zip(&items).zip(&statements) {
+        for ((item, result), statement) in self.items.iter().zip(&items).zip(&statements) {
             if matches!(result, Err(e) if run::is_stale_statement(e)) {
                 // The plan went stale (a table changed under `SELECT *`):
                 // forget it, so the next run prepares it again. Not retried
                 // here: the refusal aborted the transaction.
-                target.cache.invalidate(item.sql, *generation);
+                statement.invalidate(target, item.sql);
             }
         }
         self.outcome(begin, items, commit)
@@ -109,11 +108,11 @@ impl Batch<'_> {
     async fn prepare_all(
         &self,
         target: Target<'_>,
-    ) -> Result<Vec<(Statement, u64)>, (usize, Error)> {
+    ) -> Result<Vec<Prepared>, (usize, Error)> {
         let preparing = self
             .items
             .iter()
-            .map(|item| run::cached_statement(target, Prepare::Inline, item.sql))
+            .map(|item| run::prepared(target, Prepare::Inline, item.sql))
             .collect();
         let found = join_in_order(preparing).await;
         let mut statements = Vec::with_capacity(self.items.len());
@@ -122,7 +121,8 @@ impl Batch<'_> {
             // failure at send time would leave this item out of a
             // transaction that then commits.
             let checked = statement.and_then(|found| {
-                params::check_params(&found.0, self.item_params(item), true).map(|()| found)
+                params::check_params(found.param_types(), self.item_params(item), true)
+                    .map(|()| found)
             });
             statements.push(checked.map_err(|e| (i, e))?);
         }
@@ -132,7 +132,7 @@ impl Batch<'_> {
     async fn send(
         &self,
         target: Target<'_>,
-        statements: &[(Statement, u64)],
+        statements: &[Prepared],
         step: Step,
         limits: Limits,
     ) -> Result<Option<Answer>, Error> {
@@ -146,7 +146,7 @@ impl Batch<'_> {
             Step::Item(i) => {
                 let item = &self.items[i];
                 let params = self.item_params(item);
-                run::send(target, &statements[i].0, params, item.op, limits)
+                run::send(target, item.sql, &statements[i], params, item.op, limits)
                     .await
                     .map(Some)
             }

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use tokio_postgres::Statement;
 
 use super::ordered::{each_in_order, join_in_order};
 use super::{Batch, BatchResults};
@@ -148,36 +147,35 @@ impl Batch<'_> {
         let limits = self.pool.inner().run_settings().limits;
         let preparing = indices
             .iter()
-            .map(|&i| run::cached_statement(target, prepare, self.items[i].sql))
+            .map(|&i| run::prepared(target, prepare, self.items[i].sql))
             .collect();
         let statements = join_in_order(preparing).await;
-        let mut ready: Vec<(usize, Statement, u64)> = Vec::with_capacity(indices.len());
+        let mut ready: Vec<(usize, run::Prepared)> = Vec::with_capacity(indices.len());
         for (k, found) in statements.into_iter().enumerate() {
             let item = &self.items[indices[k]];
             let checked = found.and_then(|found| {
-                params::check_params(&found.0, self.item_params(item), false).map(|()| found)
+                params::check_params(found.param_types(), self.item_params(item), false)
+                    .map(|()| found)
             });
             match checked {
-                Ok((statement, generation)) => ready.push((k, statement, generation)),
+                Ok(statement) => ready.push((k, statement)),
                 Err(e) => out[k] = Some(Err(e)),
             }
         }
         let sending = ready
             .iter()
-            .map(|(k, statement, _)| {
+            .map(|(k, statement)| {
                 let item = &self.items[indices[*k]];
-                run::send(target, statement, self.item_params(item), item.op, limits)
+                run::send(target, item.sql, statement, self.item_params(item), item.op, limits)
             })
             .collect();
         let sent = each_in_order(sending, |j, result| {
-            let (k, _, generation) = &ready[j];
+            let (k, statement) = &ready[j];
             if let Err(e) = &result {
                 if run::is_stale_statement(e) {
                     // As pgx does in a batch: forget the plan and report
                     // the error; retrying this item alone would reorder it.
-                    target
-                        .cache
-                        .invalidate(self.items[indices[*k]].sql, *generation);
+                    statement.invalidate(target, self.items[indices[*k]].sql);
                 }
             }
             out[*k] = Some(result);

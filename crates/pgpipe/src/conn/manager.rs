@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, RecycleError, RecycleResult};
 
+use super::describe::Descriptions;
 use super::notifications::Notifications;
 use super::statement_cache::StatementCache;
 use super::step_aside::StepAside;
@@ -15,7 +16,7 @@ use crate::error::Error;
 use crate::metrics::CloseReason;
 
 /// Opens and recycles [`PgConn`]s for deadpool.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Manager {
     pub(crate) config: tokio_postgres::Config,
     pub(crate) statement_cache_capacity: usize,
@@ -24,6 +25,11 @@ pub(crate) struct Manager {
     pub(crate) tls: Tls,
     /// SQL run on every new connection (and after every reset).
     pub(crate) after_connect: Option<Arc<str>>,
+    /// Behind a transaction pooler: the server session is not the
+    /// connection's own, so nothing in it is tracked or reset.
+    pub(crate) transaction_pooler: bool,
+    /// With unnamed statements, where their parameter types are learned.
+    pub(crate) descriptions: Option<Arc<Descriptions>>,
 }
 
 /// How long a checkout waits for a returned connection to finish what its
@@ -42,11 +48,12 @@ fn jitter(lifetime: Duration) -> Duration {
 impl Manager {
     /// Opens one connection: socket, TLS, start-up, the session checks and
     /// `after_connect`.
-    async fn open(&self) -> Result<PgConn, Error> {
+    pub(crate) async fn open(&self) -> Result<PgConn, Error> {
         let started = Instant::now();
         let state = Arc::new(ConnState::new(
             self.wire.metrics.clone(),
             self.after_connect.clone(),
+            self.transaction_pooler,
         ));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(
@@ -88,6 +95,7 @@ impl Manager {
             client,
             state,
             cache: StatementCache::new(self.statement_cache_capacity),
+            descriptions: self.descriptions.clone(),
             notifications,
             peer,
             created: Instant::now(),
@@ -142,7 +150,9 @@ impl managed::Manager for Manager {
         }
         // Its last user had it to themselves (or it was quarantined, or it
         // served the shared path): no state of theirs reaches the next user.
-        if conn.state.needs_reset.load(Ordering::Acquire) {
+        // Behind a transaction pooler there is no session of its own to
+        // reset: the next statement may run on any server.
+        if conn.state.needs_reset.load(Ordering::Acquire) && !self.transaction_pooler {
             let reset = conn.reset_session();
             match tokio::time::timeout(RECYCLE_PATIENCE, reset).await {
                 Ok(Ok(())) => {}

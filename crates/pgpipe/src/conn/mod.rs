@@ -13,9 +13,11 @@
 //! - [`run`]: one query on one connection: cached statement, checks, send,
 //!   collect, self-heal.
 //! - [`params`]: parameter count and size checks before anything is sent.
+//! - [`describe`]: parameter types by SQL text, for unnamed statements.
 //! - [`statement_cache`], [`connect`], [`tls`].
 
 pub(crate) mod connect;
+pub(crate) mod describe;
 pub(crate) mod manager;
 pub(crate) mod notifications;
 pub(crate) mod params;
@@ -49,6 +51,8 @@ pub(crate) struct PgConn {
     pub(crate) client: Client,
     pub(crate) state: Arc<ConnState>,
     pub(crate) cache: Arc<StatementCache>,
+    /// With unnamed statements, the pool's parameter types by SQL text.
+    pub(crate) descriptions: Option<Arc<describe::Descriptions>>,
     /// What `LISTEN` brought in and nobody read yet.
     pub(crate) notifications: Arc<Notifications>,
     /// Where the socket went, for cancel requests.
@@ -76,6 +80,7 @@ impl PgConn {
         Target {
             client: &self.client,
             cache: &self.cache,
+            descriptions: self.descriptions.as_deref(),
             state: &self.state,
             peer: &self.peer,
             heal: true,

@@ -4,7 +4,6 @@
 //! it, so such a request is refused here, alone.
 
 use bytes::BytesMut;
-use tokio_postgres::Statement;
 use tokio_postgres::types::{ToSql, Type};
 
 use crate::error::{Error, ErrorKind};
@@ -24,17 +23,18 @@ pub(crate) fn check_sql_size(sql: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checks that `params` fit `statement`, before anything is sent. With
+/// Checks that `params` fit a statement's parameter `types`, before
+/// anything is sent. With
 /// `every`, values of fixed-size types are encoded too, so that a type
 /// mismatch surfaces here rather than when tokio-postgres encodes the
 /// request (which then sends nothing for this query, and everything else).
 pub(crate) fn check_params(
-    statement: &Statement,
+    types: &[Type],
     params: Params<'_, '_>,
     every: bool,
 ) -> Result<(), Error> {
-    check_param_count(statement, params)?;
-    check_request_size(statement, params, every)
+    check_param_count(types, params)?;
+    check_request_size(types, params, every)
 }
 
 fn too_large_request(bytes: usize) -> Error {
@@ -78,14 +78,14 @@ thread_local! {
 /// connection, and with it every query pipelined on it. Variable-size
 /// parameters are encoded once into a scratch buffer to learn their size.
 fn check_request_size(
-    statement: &Statement,
+    types: &[Type],
     params: Params<'_, '_>,
     every: bool,
 ) -> Result<(), Error> {
     // The Bind message's own overhead: its header, names and format codes,
     // plus a length word and a format code per parameter.
     let mut total = 64 + 8 * params.len();
-    for (i, (param, ty)) in params.iter().zip(statement.params()).enumerate() {
+    for (i, (param, ty)) in params.iter().zip(types).enumerate() {
         if !every && FIXED_SIZE.contains(ty) {
             continue;
         }
@@ -115,8 +115,8 @@ fn check_request_size(
     Ok(())
 }
 
-fn check_param_count(statement: &Statement, params: Params<'_, '_>) -> Result<(), Error> {
-    let expected = statement.params().len();
+fn check_param_count(types: &[Type], params: Params<'_, '_>) -> Result<(), Error> {
+    let expected = types.len();
     if params.len() == expected {
         Ok(())
     } else {

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use futures_core::Stream;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, SimpleQueryMessage, Statement};
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, RowStream, SimpleQueryMessage, Statement};
 
 use super::connect::{Peer, send_cancel_request};
+use super::describe::Descriptions;
 use super::params::{self, Params};
 use super::statement_cache::{self, Lookup, StatementCache, Ticket};
 use super::{ConnState, SESSION_CLEANUP};
@@ -26,6 +28,9 @@ use crate::protocol::sql_guard;
 pub(crate) struct Target<'a> {
     pub(crate) client: &'a Client,
     pub(crate) cache: &'a Arc<StatementCache>,
+    /// With unnamed statements, the pool's parameter types by SQL text
+    /// (and the statement cache goes unused).
+    pub(crate) descriptions: Option<&'a Descriptions>,
     pub(crate) state: &'a ConnState,
     /// Where its socket went, for a cancel request.
     pub(crate) peer: &'a Peer,
@@ -80,6 +85,48 @@ pub(crate) struct RunSettings {
     pub(crate) query_timeout: Option<Duration>,
 }
 
+/// What a query runs as.
+#[derive(Debug, Clone)]
+pub(crate) enum Prepared {
+    /// A named statement from the connection's cache, and the cache
+    /// generation it came from.
+    Named(Statement, u64),
+    /// The SQL text, sent as an unnamed statement with these parameter
+    /// types.
+    Unnamed(Arc<[Type]>),
+}
+
+impl Prepared {
+    pub(crate) fn param_types(&self) -> &[Type] {
+        match self {
+            Prepared::Named(statement, _) => statement.params(),
+            Prepared::Unnamed(types) => types,
+        }
+    }
+
+    /// Forgets a named statement whose plan the server refused.
+    pub(crate) fn invalidate(&self, target: Target<'_>, sql: &str) {
+        if let Prepared::Named(_, generation) = self {
+            target.cache.invalidate(sql, *generation);
+        }
+    }
+}
+
+/// How `sql` runs on `target`: its cached named statement (prepared on a
+/// miss), or, with unnamed statements, its parameter types.
+pub(crate) async fn prepared(
+    target: Target<'_>,
+    prepare: Prepare<'_>,
+    sql: &str,
+) -> Result<Prepared, Error> {
+    match target.descriptions {
+        Some(descriptions) => descriptions.param_types(sql).await.map(Prepared::Unnamed),
+        None => cached_statement(target, prepare, sql)
+            .await
+            .map(|(statement, generation)| Prepared::Named(statement, generation)),
+    }
+}
+
 /// Runs `sql` on `target`.
 ///
 /// Errors of a query that never left the client (its statement could not be
@@ -101,19 +148,19 @@ pub(crate) async fn run(
     params::check_sql_size(sql)?;
     let mut healed = !target.heal;
     loop {
-        let (statement, generation) = cached_statement(target, prepare, sql).await?;
-        params::check_params(&statement, params, false)?;
+        let statement = prepared(target, prepare, sql).await?;
+        params::check_params(statement.param_types(), params, false)?;
         let result = if clean {
             // Boxed: the rare path keeps the common future small.
-            Box::pin(send_then_clean(target, &statement, params, op, limits)).await
+            Box::pin(send_then_clean(target, sql, &statement, params, op, limits)).await
         } else {
-            send(target, &statement, params, op, limits).await
+            send(target, sql, &statement, params, op, limits).await
         };
         match result {
             // The server refused the cached plan before running anything:
             // forget it, prepare again, and retry once.
             Err(e) if is_stale_statement(&e) => {
-                target.cache.invalidate(sql, generation);
+                statement.invalidate(target, sql);
                 if healed {
                     return Err(e);
                 }
@@ -137,12 +184,13 @@ pub(crate) async fn run(
 /// the two see what it left: they were admitted while it ran.
 async fn send_then_clean(
     target: Target<'_>,
-    statement: &Statement,
+    sql: &str,
+    statement: &Prepared,
     params: Params<'_, '_>,
     op: Op,
     limits: Limits,
 ) -> Result<Answer, Error> {
-    let query = send(target, statement, params, op, limits);
+    let query = send(target, sql, statement, params, op, limits);
     let (answer, ()) = both_in_order(query, clean_session(target)).await;
     answer
 }
@@ -225,6 +273,9 @@ pub(crate) async fn run_for_holder(
     settings: RunSettings,
 ) -> Result<Answer, Error> {
     sql_guard::check_not_copy(sql)?;
+    if target.state.behind_transaction_pooler() {
+        sql_guard::check_through_transaction_pooler(sql)?;
+    }
     run_alone(target, sql, params, op, settings, false).await
 }
 
@@ -343,6 +394,25 @@ pub(crate) async fn within_deadline<T>(
     }
 }
 
+/// [`cached_statement`] for a caller that asked for a named statement
+/// (`prepare_cached`): refused where statements are unnamed, since a named
+/// one would not survive the pooler moving the connection to another
+/// server.
+pub(crate) async fn named_statement(target: Target<'_>, sql: &str) -> Result<Statement, Error> {
+    if target.descriptions.is_some() {
+        return Err(Error::new(
+            ErrorKind::NotSupported,
+            "prepare_cached makes a named statement, and statements are unnamed here (a \
+             transaction pooler that does not map named statements): the next transaction \
+             may run on a server that does not have it; pass the SQL to the query methods \
+             instead",
+        ));
+    }
+    cached_statement(target, Prepare::Inline, sql)
+        .await
+        .map(|(statement, _)| statement)
+}
+
 /// The cached statement for `sql`, prepared once per connection however many
 /// tasks ask at the same time. A connection lost meanwhile is marked
 /// [`unsent`](Error::unsent): nothing of this query reached the server.
@@ -407,7 +477,8 @@ fn prepare_failed(e: &Arc<tokio_postgres::Error>, conn: Target<'_>) -> Error {
 /// in order.
 pub(crate) async fn send(
     target: Target<'_>,
-    statement: &Statement,
+    sql: &str,
+    statement: &Prepared,
     params: Params<'_, '_>,
     op: Op,
     limits: Limits,
@@ -425,15 +496,36 @@ pub(crate) async fn send(
         )
         .unsent());
     }
-    match op {
-        Op::Query => collect(target, statement, params, limits).await,
-        Op::Execute => target
+    let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
+    match (op, statement) {
+        (Op::Query, statement) => collect(target, sql, statement, params, limits).await,
+        (Op::Execute, Prepared::Named(statement, _)) => target
             .client
             .execute(statement, params)
             .await
             .map(Answer::Count)
-            .map_err(|e| Error::from_query(e, target.client.is_closed())),
+            .map_err(failed),
+        (Op::Execute, Prepared::Unnamed(types)) => {
+            let stream = unnamed(target, sql, types, params).await.map_err(failed)?;
+            let mut stream = std::pin::pin!(stream);
+            while let Some(row) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
+                row.map_err(failed)?;
+            }
+            Ok(Answer::Count(stream.rows_affected().unwrap_or(0)))
+        }
     }
+}
+
+/// Sends `sql` as an unnamed statement: Parse("")/Bind/Describe/Execute/
+/// Sync in one group, nothing left on the server after its Sync.
+async fn unnamed(
+    target: Target<'_>,
+    sql: &str,
+    types: &[Type],
+    params: Params<'_, '_>,
+) -> Result<RowStream, tokio_postgres::Error> {
+    let typed = params.iter().zip(types).map(|(param, ty)| (*param, ty.clone()));
+    target.client.query_typed_raw(sql, typed).await
 }
 
 /// Reads a query's rows, within `limits`. Past a limit the rest of the
@@ -444,16 +536,19 @@ pub(crate) async fn send(
 /// needs that: it means its transaction was rolled back).
 async fn collect(
     target: Target<'_>,
-    statement: &Statement,
+    sql: &str,
+    statement: &Prepared,
     params: Params<'_, '_>,
     limits: Limits,
 ) -> Result<Answer, Error> {
     let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
-    let stream = target
-        .client
-        .query_raw(statement, params.iter().copied())
-        .await
-        .map_err(failed)?;
+    let stream = match statement {
+        Prepared::Named(statement, _) => {
+            target.client.query_raw(statement, params.iter().copied()).await
+        }
+        Prepared::Unnamed(types) => unnamed(target, sql, types, params).await,
+    }
+    .map_err(failed)?;
     let mut stream = std::pin::pin!(stream);
     let (mut rows, mut bytes) = (Vec::new(), 0usize);
     let mut too_large = None;

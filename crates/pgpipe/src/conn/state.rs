@@ -158,6 +158,8 @@ pub(crate) struct ConnState {
     /// The pool's `after_connect` SQL, run again after every reset and
     /// cleanup.
     after_connect: Option<Arc<str>>,
+    /// Behind a transaction pooler (see `behind_transaction_pooler`).
+    transaction_pooler: bool,
 }
 
 /// Counts an answer as draining while it lives.
@@ -170,12 +172,24 @@ impl Drop for Draining<'_> {
 }
 
 impl ConnState {
-    pub(crate) fn new(metrics: Option<Arc<Metrics>>, after_connect: Option<Arc<str>>) -> ConnState {
+    pub(crate) fn new(
+        metrics: Option<Arc<Metrics>>,
+        after_connect: Option<Arc<str>>,
+        transaction_pooler: bool,
+    ) -> ConnState {
         ConnState {
             metrics,
             after_connect,
+            transaction_pooler,
             ..ConnState::default()
         }
+    }
+
+    /// Whether a transaction pooler stands between it and the server: a
+    /// `ParameterStatus` then comes from whichever server is linked, not
+    /// from anything a query did to a session of this connection's own.
+    pub(crate) fn behind_transaction_pooler(&self) -> bool {
+        self.transaction_pooler
     }
 
     /// The SQL that sets a session up after connecting, and after every

@@ -11,7 +11,7 @@ use tokio_postgres::{Client, Notification, Statement};
 
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
-use crate::conn::run::{self, Prepare, RunSettings};
+use crate::conn::run::{self, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::{Counting, Metrics, Mode};
@@ -82,14 +82,22 @@ impl Connection {
         let PgConn {
             client,
             cache,
+            descriptions,
             state,
             peer,
             ..
         } = &mut *self.object;
         let inner = client.transaction().await?;
         let metrics = self.held.as_ref().map(|(_, metrics)| &**metrics);
+        let descriptions = descriptions.as_deref();
         Ok(Transaction::new(
-            inner, cache, state, peer, self.run, metrics,
+            inner,
+            cache,
+            descriptions,
+            state,
+            peer,
+            self.run,
+            metrics,
         ))
     }
 
@@ -171,9 +179,7 @@ impl Connection {
     /// [`ErrorKind::Db`] when the server rejects the SQL,
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
-        run::cached_statement(self.object.target(), Prepare::Inline, sql)
-            .await
-            .map(|(statement, _)| statement)
+        run::named_statement(self.object.target(), sql).await
     }
 
     /// The pooled connection underneath.

@@ -10,8 +10,9 @@ use tokio_postgres::types::ToSql;
 
 use crate::answer::{Answer, Op};
 use crate::conn::ConnState;
+use crate::conn::describe::Descriptions;
 use crate::conn::connect::Peer;
-use crate::conn::run::{self, Prepare, RunSettings, Target};
+use crate::conn::run::{self, RunSettings, Target};
 use crate::conn::statement_cache::StatementCache;
 use crate::error::Error;
 use crate::metrics::{Counting, Metrics, Mode};
@@ -43,6 +44,7 @@ use crate::metrics::{Counting, Metrics, Mode};
 pub struct Transaction<'a> {
     inner: tokio_postgres::Transaction<'a>,
     cache: &'a Arc<StatementCache>,
+    descriptions: Option<&'a Descriptions>,
     state: &'a ConnState,
     peer: &'a Peer,
     run: RunSettings,
@@ -54,6 +56,7 @@ impl<'a> Transaction<'a> {
     pub(crate) fn new(
         inner: tokio_postgres::Transaction<'a>,
         cache: &'a Arc<StatementCache>,
+        descriptions: Option<&'a Descriptions>,
         state: &'a ConnState,
         peer: &'a Peer,
         run: RunSettings,
@@ -62,6 +65,7 @@ impl<'a> Transaction<'a> {
         Transaction {
             inner,
             cache,
+            descriptions,
             state,
             peer,
             run,
@@ -101,6 +105,7 @@ impl<'a> Transaction<'a> {
         Ok(Transaction::new(
             inner,
             self.cache,
+            self.descriptions,
             self.state,
             self.peer,
             self.run,
@@ -118,6 +123,7 @@ impl<'a> Transaction<'a> {
         Ok(Transaction::new(
             inner,
             self.cache,
+            self.descriptions,
             self.state,
             self.peer,
             self.run,
@@ -133,15 +139,14 @@ impl<'a> Transaction<'a> {
     /// [`ErrorKind::Db`](crate::ErrorKind::Db) when the server rejects the
     /// SQL (which also aborts the transaction).
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
-        run::cached_statement(self.target(), Prepare::Inline, sql)
-            .await
-            .map(|(statement, _)| statement)
+        run::named_statement(self.target(), sql).await
     }
 
     fn target(&self) -> Target<'_> {
         Target {
             client: self.inner.client(),
             cache: self.cache,
+            descriptions: self.descriptions,
             state: self.state,
             peer: self.peer,
             // A refused plan aborted the transaction: a retry would only

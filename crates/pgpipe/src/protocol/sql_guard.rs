@@ -78,6 +78,48 @@ pub(crate) fn check_in_atomic_batch(sql: &str) -> Result<(), Error> {
     }
 }
 
+/// Refuses session state on a connection behind a transaction pooler,
+/// where the next transaction may run on another server: what a statement
+/// leaves in the session stays on a server that someone else gets, and is
+/// missing from the one this connection gets next. Transaction control,
+/// and what lives only as long as a transaction (row locks, cursors), are
+/// allowed.
+pub(crate) fn check_through_transaction_pooler(sql: &str) -> Result<(), Error> {
+    match scan(sql, refused_without_session) {
+        Ok(_) => Ok(()),
+        Err(what) => Err(Error::new(
+            ErrorKind::NotSupported,
+            format!(
+                "{what} changes session state, and through a transaction pooler there is no \
+                 session: the next transaction may run on another server, and this one's \
+                 state would reach whoever gets this server next; use SET LOCAL, \
+                 set_config(…, true) or transaction-level advisory locks inside a \
+                 transaction, or ALTER ROLE … SET; nothing was sent"
+            ),
+        )),
+    }
+}
+
+/// What [`refused`] refuses, except what ends with the transaction.
+fn refused_without_session(statement: &[Token<'_>]) -> Option<&'static str> {
+    const TRANSACTION_SCOPED: &[&str] = &[
+        "BEGIN",
+        "START TRANSACTION",
+        "COMMIT",
+        "END",
+        "ROLLBACK",
+        "ABORT",
+        "SAVEPOINT",
+        "RELEASE SAVEPOINT",
+        "DECLARE (a cursor)",
+        "FETCH (from a cursor)",
+        "MOVE (a cursor)",
+        "CLOSE (a cursor)",
+        "LOCK",
+    ];
+    refused(statement).filter(|what| !TRANSACTION_SCOPED.contains(what))
+}
+
 /// Refuses `COPY` where only queries can run (the [`Executor`](crate::Executor)
 /// methods of an exclusive connection or a transaction): it streams data
 /// through tokio-postgres' own `copy_in`/`copy_out`.

@@ -111,9 +111,11 @@ impl<S> TappedStream<S> {
             }
             // ParameterStatus before the first ReadyForQuery is start-up;
             // a change of the server's own state (a standby promoted) is no
-            // session's doing.
+            // session's doing; behind a transaction pooler it comes from
+            // whichever server is linked.
             b'S' if state.readies.load(Ordering::Acquire) + readies > 0
-                && !SERVER_STATE.contains(&message.parameter_name()) =>
+                && !SERVER_STATE.contains(&message.parameter_name())
+                && !state.behind_transaction_pooler() =>
             {
                 state.quarantine(QuarantineReason::SessionState);
             }

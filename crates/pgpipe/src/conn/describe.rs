@@ -1,0 +1,167 @@
+//! [`Descriptions`]: the parameter types of each SQL text, learned once per
+//! pool, for unnamed statements ([`Prepare::Unnamed`](crate::Prepare::Unnamed)).
+//!
+//! An unnamed statement's run is Parse("")/Bind/Describe/Execute/Sync in one
+//! group, and the Bind needs the parameters' types. They are learned with a
+//! named statement, on a connection of the pool's own (no user's session,
+//! no neighbour in a pipeline), inside `BEGIN … ROLLBACK`: a transaction
+//! pooler keeps one server for a transaction, so the statement is prepared,
+//! described and closed on the same server, and none outlives it.
+//!
+//! tokio-postgres resolves types that are not PostgreSQL's own (enums,
+//! composites, domains as parameters) with named statements that it caches
+//! on its client for good. Those would outlive the transaction, so a
+//! statement using such a type is refused, its lookups are deallocated
+//! before the transaction ends, and the connection is closed.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Statement};
+
+use super::{Manager, PgConn};
+use crate::error::{Error, ErrorKind};
+use crate::sync::lock;
+
+/// Parameter types by SQL text, and the connection that learns them.
+pub(crate) struct Descriptions {
+    types: Mutex<HashMap<Arc<str>, Arc<[Type]>>>,
+    /// Most SQL texts remembered; past it one is forgotten per new one.
+    capacity: usize,
+    /// Where descriptions are made, one at a time; opened on first use.
+    describer: tokio::sync::Mutex<Option<PgConn>>,
+    /// Opens the describer as the pool opens its connections.
+    opener: Manager,
+}
+
+/// Why a description failed, and whether its connection must go.
+struct Failure {
+    error: Error,
+    retire: bool,
+}
+
+impl Descriptions {
+    pub(crate) fn new(opener: Manager, capacity: usize) -> Descriptions {
+        Descriptions {
+            types: Mutex::new(HashMap::new()),
+            capacity: capacity.max(1),
+            describer: tokio::sync::Mutex::new(None),
+            opener,
+        }
+    }
+
+    /// The parameter types of `sql`, described on first use.
+    ///
+    /// # Errors
+    ///
+    /// The server's error for SQL it refuses; [`ErrorKind::NotSupported`]
+    /// for a statement with a type that is not PostgreSQL's own;
+    /// [`ErrorKind::Connect`] when no connection could be opened to
+    /// describe it. Nothing of the query itself was sent.
+    pub(crate) async fn param_types(&self, sql: &str) -> Result<Arc<[Type]>, Error> {
+        if let Some(types) = lock(&self.types).get(sql) {
+            return Ok(Arc::clone(types));
+        }
+        let mut describer = self.describer.lock().await;
+        // Another query may have described it while this one waited.
+        if let Some(types) = lock(&self.types).get(sql) {
+            return Ok(Arc::clone(types));
+        }
+        if describer.as_ref().is_none_or(PgConn::is_dead) {
+            *describer = None;
+            *describer = Some(self.opener.open().await.map_err(|e| {
+                Error::new(
+                    ErrorKind::Connect,
+                    format!("no connection to describe the statement on: {}", e.detail()),
+                )
+            })?);
+        }
+        let Some(conn) = describer.as_ref() else {
+            unreachable!("opened just above");
+        };
+        match describe(&conn.client, sql).await {
+            Ok(types) => {
+                let mut cache = lock(&self.types);
+                if cache.len() >= self.capacity {
+                    if let Some(old) = cache.keys().next().cloned() {
+                        cache.remove(&old);
+                    }
+                }
+                cache.insert(Arc::from(sql), Arc::clone(&types));
+                Ok(types)
+            }
+            Err(Failure { error, retire }) => {
+                if retire || conn.is_dead() {
+                    *describer = None;
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// Prepares, describes and closes `sql` inside `BEGIN … ROLLBACK`.
+async fn describe(client: &Client, sql: &str) -> Result<Arc<[Type]>, Failure> {
+    let failed = |e: tokio_postgres::Error| Failure {
+        error: Error::from_query(e, client.is_closed()),
+        retire: true,
+    };
+    client.batch_execute("BEGIN").await.map_err(failed)?;
+    let outcome = match client.prepare(sql).await {
+        Ok(statement) => {
+            let custom = custom_type(&statement);
+            let types: Arc<[Type]> = statement.params().into();
+            // Its Close goes out now, inside the transaction.
+            drop(statement);
+            match custom {
+                None => Ok(types),
+                Some(ty) => {
+                    // tokio-postgres' own lookups of the type: named
+                    // statements, cached on this client. Gone from the
+                    // server here, and with the client when it closes.
+                    let _ = client.batch_execute("DEALLOCATE ALL").await;
+                    Err(Failure {
+                        error: Error::new(
+                            ErrorKind::NotSupported,
+                            format!(
+                                "the statement uses type {ty}, which is not PostgreSQL's own; \
+                                 with unnamed statements (through a transaction pooler) only \
+                                 built-in types work: cast it to text (`$1::text::{ty}`, \
+                                 `SELECT col::text`); nothing was run"
+                            ),
+                        ),
+                        retire: true,
+                    })
+                }
+            }
+        }
+        Err(e) => Err(Failure {
+            error: Error::from_query(e, client.is_closed()),
+            retire: false,
+        }),
+    };
+    // Nothing was written; an aborted transaction needs this too.
+    client.batch_execute("ROLLBACK").await.map_err(failed)?;
+    outcome
+}
+
+/// The first type of the statement, parameter or column, that is not one
+/// of PostgreSQL's built-in types.
+fn custom_type(statement: &Statement) -> Option<Type> {
+    statement
+        .params()
+        .iter()
+        .chain(statement.columns().iter().map(|c| c.type_()))
+        .find(|ty| Type::from_oid(ty.oid()).is_none())
+        .cloned()
+}
+
+impl fmt::Debug for Descriptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Descriptions")
+            .field("described", &lock(&self.types).len())
+            .finish_non_exhaustive()
+    }
+}
