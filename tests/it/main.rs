@@ -13,6 +13,7 @@ mod hygiene;
 mod lifecycle;
 mod metrics;
 mod overload;
+mod poolers;
 mod quarantine;
 mod restart;
 mod routing;

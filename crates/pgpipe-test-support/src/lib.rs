@@ -22,6 +22,10 @@ use std::{fs, io};
 
 use tokio_postgres::config::Host;
 
+mod pgbouncer;
+
+pub use pgbouncer::{Pgbouncer, PgbouncerBuilder};
+
 /// The server tests use when `DATABASE_URL` is not set.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 
@@ -393,14 +397,14 @@ impl Drop for Cluster {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
 
-fn as_postgres_user(program: &Path, args: &[&str]) -> Command {
+pub(crate) fn as_postgres_user(program: &Path, args: &[&str]) -> Command {
     if is_root() {
         let mut command = Command::new("runuser");
         command
@@ -415,7 +419,7 @@ fn as_postgres_user(program: &Path, args: &[&str]) -> Command {
     }
 }
 
-fn hand_to_postgres_user(dir: &Path) -> io::Result<()> {
+pub(crate) fn hand_to_postgres_user(dir: &Path) -> io::Result<()> {
     if !is_root() {
         return Ok(());
     }
@@ -451,6 +455,6 @@ fn server_bin_dir() -> Option<PathBuf> {
     versions.pop()
 }
 
-fn free_port() -> io::Result<u16> {
+pub(crate) fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
 }

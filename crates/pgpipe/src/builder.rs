@@ -6,10 +6,10 @@ use std::time::Duration;
 use tokio_postgres::config::{Host, SslMode};
 
 use crate::config::{PoolConfig, Routing, SessionCleanup};
-use crate::pooler::{Pooler, Prepare};
 use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
 use crate::pool::{Pool, Setup};
+use crate::pooler::{Pooler, Prepare};
 
 /// Builds a [`Pool`]; start with [`Pool::builder`].
 ///

@@ -337,11 +337,13 @@ impl PoolConfig {
             ));
         }
         if self.prepare == Some(Prepare::Named) && !self.pooler.allows_named() {
-            return Err("prepare = Named needs a pooler that maps named statements across its \
+            return Err(
+                "prepare = Named needs a pooler that maps named statements across its \
                  servers (PgBouncer 1.21+ with max_prepared_statements > 0); without one a \
                  statement prepared on one server is missing, or another client's, on the \
                  next: leave prepare unset (unnamed statements)"
-                .into());
+                    .into(),
+            );
         }
         if !self.pooler.allows_pipeline()
             && self.max_pipeline_depth > 1

@@ -16,9 +16,10 @@ use crate::answer::{Answer, Op};
 use crate::batch::Batch;
 use crate::builder::PoolBuilder;
 use crate::config::{PoolConfig, deadline_after};
-use crate::conn::run::{Limits, RunSettings};
-use crate::conn::tls::Tls;
 use crate::conn::describe::Descriptions;
+use crate::conn::run::{Limits, RunSettings};
+use crate::conn::state::Behind;
+use crate::conn::tls::Tls;
 use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
 use crate::exclusive::{Connection, Exclusive, Holder};
@@ -93,7 +94,14 @@ impl Pool {
             wire: Arc::clone(&wire),
             tls: setup.tls,
             after_connect: config.after_connect.as_deref().map(Arc::from),
-            transaction_pooler: config.pooler.is_transaction(),
+            behind: match (
+                config.pooler.is_transaction(),
+                config.pooler.allows_pipeline(),
+            ) {
+                (false, _) => Behind::Nothing,
+                (true, true) => Behind::TransactionPooler,
+                (true, false) => Behind::TransactionPoolerWithoutPipelines,
+            },
             descriptions: None,
         };
         if config.prepare_mode() == Prepare::Unnamed {

@@ -7,7 +7,6 @@
 //! (`25P02`) and answers `COMMIT` with a `ROLLBACK` tag and no error, so the
 //! outcome is read from the items' errors, never from `COMMIT` alone.
 
-
 use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
@@ -67,6 +66,10 @@ impl Batch<'_> {
             .chain((0..self.items.len()).map(Step::Item))
             .chain(std::iter::once(Step::Commit))
             .collect();
+        // Behind a pooler without pipelines, the batch starts on an idle
+        // wire; from its BEGIN on, the open transaction keeps the pooler's
+        // server.
+        target.state.wire_idle().await;
         let sending = steps
             .iter()
             .map(|step| self.send(target, &statements, *step, limits))
@@ -105,10 +108,7 @@ impl Batch<'_> {
 
     /// Every item's statement, prepared (pipelined, on a miss) and checked
     /// against its parameters; or the first item that cannot run.
-    async fn prepare_all(
-        &self,
-        target: Target<'_>,
-    ) -> Result<Vec<Prepared>, (usize, Error)> {
+    async fn prepare_all(&self, target: Target<'_>) -> Result<Vec<Prepared>, (usize, Error)> {
         let preparing = self
             .items
             .iter()

@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-
 use super::ordered::{each_in_order, join_in_order};
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
@@ -162,11 +161,19 @@ impl Batch<'_> {
                 Err(e) => out[k] = Some(Err(e)),
             }
         }
+        target.state.wire_idle().await;
         let sending = ready
             .iter()
             .map(|(k, statement)| {
                 let item = &self.items[indices[*k]];
-                run::send(target, item.sql, statement, self.item_params(item), item.op, limits)
+                run::send(
+                    target,
+                    item.sql,
+                    statement,
+                    self.item_params(item),
+                    item.op,
+                    limits,
+                )
             })
             .collect();
         let sent = each_in_order(sending, |j, result| {

@@ -25,9 +25,13 @@ use super::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
 use crate::sync::lock;
 
+/// What a description found: the parameter types, or why the statement is
+/// refused (kept, so that a refused statement is not described again).
+type Found = Result<Arc<[Type]>, Arc<str>>;
+
 /// Parameter types by SQL text, and the connection that learns them.
 pub(crate) struct Descriptions {
-    types: Mutex<HashMap<Arc<str>, Arc<[Type]>>>,
+    types: Mutex<HashMap<Arc<str>, Found>>,
     /// Most SQL texts remembered; past it one is forgotten per new one.
     capacity: usize,
     /// Where descriptions are made, one at a time; opened on first use.
@@ -61,13 +65,13 @@ impl Descriptions {
     /// [`ErrorKind::Connect`] when no connection could be opened to
     /// describe it. Nothing of the query itself was sent.
     pub(crate) async fn param_types(&self, sql: &str) -> Result<Arc<[Type]>, Error> {
-        if let Some(types) = lock(&self.types).get(sql) {
-            return Ok(Arc::clone(types));
+        if let Some(found) = self.known(sql) {
+            return found;
         }
         let mut describer = self.describer.lock().await;
         // Another query may have described it while this one waited.
-        if let Some(types) = lock(&self.types).get(sql) {
-            return Ok(Arc::clone(types));
+        if let Some(found) = self.known(sql) {
+            return found;
         }
         if describer.as_ref().is_none_or(PgConn::is_dead) {
             *describer = None;
@@ -83,22 +87,38 @@ impl Descriptions {
         };
         match describe(&conn.client, sql).await {
             Ok(types) => {
-                let mut cache = lock(&self.types);
-                if cache.len() >= self.capacity {
-                    if let Some(old) = cache.keys().next().cloned() {
-                        cache.remove(&old);
-                    }
-                }
-                cache.insert(Arc::from(sql), Arc::clone(&types));
+                self.remember(sql, Ok(Arc::clone(&types)));
                 Ok(types)
             }
             Err(Failure { error, retire }) => {
+                if error.kind() == ErrorKind::NotSupported {
+                    self.remember(sql, Err(Arc::from(error.detail())));
+                }
                 if retire || conn.is_dead() {
                     *describer = None;
                 }
                 Err(error)
             }
         }
+    }
+
+    /// What an earlier description of `sql` found.
+    fn known(&self, sql: &str) -> Option<Result<Arc<[Type]>, Error>> {
+        let cache = lock(&self.types);
+        Some(match cache.get(sql)? {
+            Ok(types) => Ok(Arc::clone(types)),
+            Err(why) => Err(Error::new(ErrorKind::NotSupported, why.to_string())),
+        })
+    }
+
+    fn remember(&self, sql: &str, found: Found) {
+        let mut cache = lock(&self.types);
+        if cache.len() >= self.capacity {
+            if let Some(old) = cache.keys().next().cloned() {
+                cache.remove(&old);
+            }
+        }
+        cache.insert(Arc::from(sql), found);
     }
 }
 

@@ -8,6 +8,7 @@ use deadpool::managed::{self, RecycleError, RecycleResult};
 
 use super::describe::Descriptions;
 use super::notifications::Notifications;
+use super::state::Behind;
 use super::statement_cache::StatementCache;
 use super::step_aside::StepAside;
 use super::tls::Tls;
@@ -25,9 +26,8 @@ pub(crate) struct Manager {
     pub(crate) tls: Tls,
     /// SQL run on every new connection (and after every reset).
     pub(crate) after_connect: Option<Arc<str>>,
-    /// Behind a transaction pooler: the server session is not the
-    /// connection's own, so nothing in it is tracked or reset.
-    pub(crate) transaction_pooler: bool,
+    /// What stands between its connections and the server.
+    pub(crate) behind: Behind,
     /// With unnamed statements, where their parameter types are learned.
     pub(crate) descriptions: Option<Arc<Descriptions>>,
 }
@@ -53,7 +53,7 @@ impl Manager {
         let state = Arc::new(ConnState::new(
             self.wire.metrics.clone(),
             self.after_connect.clone(),
-            self.transaction_pooler,
+            self.behind,
         ));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(
@@ -71,6 +71,7 @@ impl Manager {
             // matters.
             let _ = StepAside::new(connection, Arc::clone(&io_state)).await;
             io_state.load.mark_dead();
+            io_state.wake();
             io_notifications.close();
         });
         state.set_io(io.abort_handle());
@@ -152,7 +153,7 @@ impl managed::Manager for Manager {
         // served the shared path): no state of theirs reaches the next user.
         // Behind a transaction pooler there is no session of its own to
         // reset: the next statement may run on any server.
-        if conn.state.needs_reset.load(Ordering::Acquire) && !self.transaction_pooler {
+        if conn.state.needs_reset.load(Ordering::Acquire) && self.behind == Behind::Nothing {
             let reset = conn.reset_session();
             match tokio::time::timeout(RECYCLE_PATIENCE, reset).await {
                 Ok(Ok(())) => {}

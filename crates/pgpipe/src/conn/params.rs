@@ -77,11 +77,7 @@ thread_local! {
 /// real: a Bind message of 1 GiB or more makes the server drop the
 /// connection, and with it every query pipelined on it. Variable-size
 /// parameters are encoded once into a scratch buffer to learn their size.
-fn check_request_size(
-    types: &[Type],
-    params: Params<'_, '_>,
-    every: bool,
-) -> Result<(), Error> {
+fn check_request_size(types: &[Type], params: Params<'_, '_>, every: bool) -> Result<(), Error> {
     // The Bind message's own overhead: its header, names and format codes,
     // plus a length word and a format code per parameter.
     let mut total = 64 + 8 * params.len();

@@ -150,6 +150,7 @@ pub(crate) async fn run(
     loop {
         let statement = prepared(target, prepare, sql).await?;
         params::check_params(statement.param_types(), params, false)?;
+        target.state.wire_idle().await;
         let result = if clean {
             // Boxed: the rare path keeps the common future small.
             Box::pin(send_then_clean(target, sql, &statement, params, op, limits)).await
@@ -365,6 +366,17 @@ pub(crate) async fn within_deadline<T>(
         Late::Abandon => Err(Error::query_timeout(
             "it was pipelined with other queries, so it was not cancelled and runs to its end",
         )),
+        // A cancel request through a transaction pooler reaches no server
+        // while the query still waits for one, and the connection would
+        // stay stuck behind it: close the connection instead. The pooler
+        // then drops the query if it had no server yet, or closes the
+        // server it ran on.
+        Late::Cancel if target.state.behind_transaction_pooler() => {
+            target.state.kill(CloseReason::Broken);
+            Err(Error::query_timeout(
+                "its connection to the pooler was closed, which ends it there",
+            ))
+        }
         Late::Cancel => {
             // Boxed: a cancel request (a socket, maybe TLS) is a large
             // future, and a rare one.
@@ -524,7 +536,10 @@ async fn unnamed(
     types: &[Type],
     params: Params<'_, '_>,
 ) -> Result<RowStream, tokio_postgres::Error> {
-    let typed = params.iter().zip(types).map(|(param, ty)| (*param, ty.clone()));
+    let typed = params
+        .iter()
+        .zip(types)
+        .map(|(param, ty)| (*param, ty.clone()));
     target.client.query_typed_raw(sql, typed).await
 }
 
@@ -544,7 +559,10 @@ async fn collect(
     let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
     let stream = match statement {
         Prepared::Named(statement, _) => {
-            target.client.query_raw(statement, params.iter().copied()).await
+            target
+                .client
+                .query_raw(statement, params.iter().copied())
+                .await
         }
         Prepared::Unnamed(types) => unnamed(target, sql, types, params).await,
     }

@@ -160,6 +160,24 @@ pub(crate) struct ConnState {
     after_connect: Option<Arc<str>>,
     /// Behind a transaction pooler (see `behind_transaction_pooler`).
     transaction_pooler: bool,
+    /// Behind a pooler that cannot track a pipeline (see `wire_idle`).
+    one_at_a_time: bool,
+    /// Woken at every ReadyForQuery and when the connection dies, when
+    /// `one_at_a_time`.
+    ready: tokio::sync::Notify,
+}
+
+/// What stands between a connection and the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Behind {
+    /// The server itself, or a pooler that keeps one session per connection.
+    Nothing,
+    /// A transaction pooler that keeps the server until every message it
+    /// forwarded is answered.
+    TransactionPooler,
+    /// A transaction pooler that may give the server away between two
+    /// pipelined queries: one query on the wire at a time.
+    TransactionPoolerWithoutPipelines,
 }
 
 /// Counts an answer as draining while it lives.
@@ -175,13 +193,46 @@ impl ConnState {
     pub(crate) fn new(
         metrics: Option<Arc<Metrics>>,
         after_connect: Option<Arc<str>>,
-        transaction_pooler: bool,
+        pooler: Behind,
     ) -> ConnState {
         ConnState {
             metrics,
             after_connect,
-            transaction_pooler,
+            transaction_pooler: pooler != Behind::Nothing,
+            one_at_a_time: pooler == Behind::TransactionPoolerWithoutPipelines,
             ..ConnState::default()
+        }
+    }
+
+    /// Waits, behind a pooler that cannot track a pipeline, until every
+    /// query written on the connection has its ReadyForQuery, so that the
+    /// next one is the only thing in flight. The pooler hands its server to
+    /// someone else at the last awaited ReadyForQuery; a query written
+    /// before that, and reaching the pooler in pieces, would go partly to
+    /// this server and partly to the next (tested: another client's
+    /// parameters, `invalid frontend message type`). A query's own future
+    /// ends at its CommandComplete, before its ReadyForQuery, so waiting for
+    /// the query is not enough.
+    pub(crate) async fn wire_idle(&self) {
+        if !self.one_at_a_time {
+            return;
+        }
+        loop {
+            let notified = self.ready.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.wire_depth() == 0 || self.is_dead() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Wakes what waits in [`wire_idle`](ConnState::wire_idle): a
+    /// ReadyForQuery arrived, or the connection died.
+    pub(crate) fn wake(&self) {
+        if self.one_at_a_time {
+            self.ready.notify_waiters();
         }
     }
 

@@ -10,8 +10,8 @@ use tokio_postgres::types::ToSql;
 
 use crate::answer::{Answer, Op};
 use crate::conn::ConnState;
-use crate::conn::describe::Descriptions;
 use crate::conn::connect::Peer;
+use crate::conn::describe::Descriptions;
 use crate::conn::run::{self, RunSettings, Target};
 use crate::conn::statement_cache::StatementCache;
 use crate::error::Error;

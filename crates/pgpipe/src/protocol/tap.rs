@@ -129,6 +129,7 @@ impl<S> TappedStream<S> {
                 .last_ready_nanos
                 .store(self.pool.now_nanos(), Ordering::Relaxed);
             let answered = state.readies.fetch_add(readies, Ordering::AcqRel) + readies;
+            state.wake();
             if let Some((sent, awaited)) = self.probe {
                 if answered >= awaited {
                     self.pool.rtt.sample(sent.elapsed());

@@ -1,0 +1,220 @@
+//! [`Pgbouncer`]: a PgBouncer of the test's own, on a free port, in front of
+//! a server the test names; stopped and removed when dropped (and by a
+//! reaper process if the test process dies first).
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use std::{fs, io};
+
+use crate::{as_postgres_user, free_port, hand_to_postgres_user, required_tool, unique};
+
+/// A running PgBouncer.
+#[derive(Debug)]
+pub struct Pgbouncer {
+    dir: PathBuf,
+    port: u16,
+    pid: u32,
+    settings: Vec<(String, String)>,
+}
+
+/// How a [`Pgbouncer`] is set up before it starts.
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `.start()`"]
+pub struct PgbouncerBuilder {
+    upstream: String,
+    settings: Vec<(String, String)>,
+}
+
+impl PgbouncerBuilder {
+    /// A `[pgbouncer]` setting (`pool_mode`, `default_pool_size`,
+    /// `query_wait_timeout` …), replacing the default of that name.
+    pub fn setting(mut self, name: &str, value: &str) -> Self {
+        self.settings.retain(|(n, _)| n != name);
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+
+    /// Starts it; `None` when PgBouncer is not installed (outside CI: under
+    /// `CI=true` that panics, see [`required_tool`]).
+    ///
+    /// # Errors
+    ///
+    /// When it does not start or does not answer within 10 s.
+    pub fn start(self) -> io::Result<Option<Pgbouncer>> {
+        let Some(binary) = find() else {
+            return Ok(None);
+        };
+        let dir = std::env::temp_dir().join(unique("pgpipe-pgbouncer"));
+        fs::create_dir_all(&dir)?;
+        let port = free_port()?;
+        let mut bouncer = Pgbouncer {
+            dir,
+            port,
+            pid: 0,
+            settings: self.settings,
+        };
+        bouncer.write_config(&self.upstream)?;
+        fs::write(bouncer.dir.join("userlist.txt"), "\"postgres\" \"\"\n")?;
+        hand_to_postgres_user(&bouncer.dir)?;
+        for file in ["userlist.txt", "pgbouncer.ini"] {
+            hand_to_postgres_user(&bouncer.dir.join(file))?;
+        }
+        let ini = bouncer.dir.join("pgbouncer.ini");
+        let output = as_postgres_user(&binary, &["-d", &ini.display().to_string()])
+            .stdin(Stdio::null())
+            .output()?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "pgbouncer did not start: {}{}",
+                String::from_utf8_lossy(&output.stderr),
+                bouncer.log()
+            )));
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pid = fs::read_to_string(bouncer.dir.join("pgbouncer.pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok());
+            if let Some(pid) = pid {
+                bouncer.pid = pid;
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    break;
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "pgbouncer did not answer within 10 s: {}",
+                    bouncer.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bouncer.spawn_reaper()?;
+        Ok(Some(bouncer))
+    }
+}
+
+/// `pgbouncer`, on `PATH` or in `/usr/sbin` where Debian puts it.
+fn find() -> Option<PathBuf> {
+    let sbin = PathBuf::from("/usr/sbin/pgbouncer");
+    if sbin.is_file() {
+        return Some(sbin);
+    }
+    required_tool(
+        "pgbouncer",
+        "Debian's pgbouncer package: apt-get install pgbouncer",
+    )
+}
+
+impl Pgbouncer {
+    /// A PgBouncer in front of `upstream` (`host:port`), in transaction
+    /// mode with two server connections per pool, trust authentication.
+    pub fn builder(upstream: &str) -> PgbouncerBuilder {
+        PgbouncerBuilder {
+            upstream: upstream.into(),
+            settings: [
+                ("pool_mode", "transaction"),
+                ("default_pool_size", "2"),
+                ("max_client_conn", "500"),
+                ("ignore_startup_parameters", "extra_float_digits"),
+                ("server_reset_query", ""),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        }
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("pgbouncer.log")).unwrap_or_default()
+    }
+
+    /// Points it at another server (`host:port`) and reloads: new server
+    /// connections go there.
+    ///
+    /// # Errors
+    ///
+    /// When the configuration cannot be written or the reload signal sent.
+    pub fn repoint(&self, upstream: &str) -> io::Result<()> {
+        self.write_config(upstream)?;
+        signal(self.pid, "HUP")
+    }
+
+    fn write_config(&self, upstream: &str) -> io::Result<()> {
+        let (host, port) = upstream
+            .rsplit_once(':')
+            .ok_or_else(|| io::Error::other(format!("{upstream}: not host:port")))?;
+        let mut ini = format!(
+            "[databases]\n* = host={host} port={port}\n\n[pgbouncer]\n\
+             listen_addr = 127.0.0.1\nlisten_port = {}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {dir}/userlist.txt\nadmin_users = postgres\n\
+             logfile = {dir}/pgbouncer.log\npidfile = {dir}/pgbouncer.pid\n",
+            self.port,
+            dir = self.dir.display()
+        );
+        for (name, value) in &self.settings {
+            ini.push_str(&format!("{name} = {value}\n"));
+        }
+        let path = self.dir.join("pgbouncer.ini");
+        fs::write(&path, ini)?;
+        hand_to_postgres_user(&path)
+    }
+
+    fn spawn_reaper(&self) -> io::Result<()> {
+        let script = format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill {pid} 2>/dev/null; \
+             sleep 1; rm -rf {dir}",
+            me = std::process::id(),
+            pid = self.pid,
+            dir = self.dir.display(),
+        );
+        Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(drop)
+    }
+}
+
+fn signal(pid: u32, name: &str) -> io::Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("kill -{name} {pid} failed")))
+    }
+}
+
+impl Drop for Pgbouncer {
+    fn drop(&mut self) {
+        if self.pid != 0 {
+            let _ = signal(self.pid, "INT");
+            // Wait for it to go, so its port and files are free.
+            for _ in 0..100 {
+                if signal(self.pid, "0").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
