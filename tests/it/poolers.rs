@@ -536,12 +536,14 @@ async fn the_server_behind_pgbouncer_stops_and_another_takes_over() {
     else {
         return;
     };
+    let registry = prometheus::Registry::new();
     let pool = Pool::builder()
         .url(&bouncer.url())
         .max_size(4)
         .pipelining(true)
         .pooler(Pooler::pgbouncer_transaction((1, 18), 0))
         .query_timeout(Duration::from_secs(2))
+        .registry(&registry)
         .build()
         .unwrap();
     pool.execute("CREATE TABLE IF NOT EXISTS failover (x int8)", &[])
@@ -561,6 +563,11 @@ async fn the_server_behind_pgbouncer_stops_and_another_takes_over() {
         assert_eq!(e.kind(), ErrorKind::ConnectionLost, "{e}");
         assert!(e.may_have_run());
     }
+    let crashed = crate::support::Scrape::of(&registry).value(
+        "pgpipe_pooler_errors_total",
+        &[("kind", "server_conn_crashed")],
+    );
+    assert_eq!(crashed, 2.0, "PgBouncer's `server conn crashed?`, counted");
     assert!(
         stopped.elapsed() < Duration::from_secs(1),
         "in-flight queries failed after {:?}",

@@ -376,7 +376,7 @@ impl Error {
 /// (`server_login_retry`), or it cannot reach it. The query never ran, so
 /// it is a [`ErrorKind::Connect`] error, not a lost connection (which may
 /// have run it). PostgreSQL itself never sends these messages.
-fn pooler_found_no_server(db: &DbError) -> bool {
+pub(crate) fn pooler_found_no_server(db: &DbError) -> bool {
     const NO_SERVER: &[&str] = &[
         "query_wait_timeout",
         "server login has been failing",

@@ -171,6 +171,7 @@ pub(crate) fn register(
         Box::new(build),
         Box::new(metrics.queries_vec.clone()),
         Box::new(metrics.checkouts_vec.clone()),
+        Box::new(metrics.pooler_errors_vec.clone()),
         Box::new(metrics.durations_vec.clone()),
         Box::new(metrics.connection_wait.clone()),
         Box::new(metrics.flush_wait.clone()),

@@ -172,6 +172,34 @@ labels! {
     }
 }
 
+labels! {
+    /// What a server-side pooler said.
+    PoolerError {
+        /// PgBouncer lost the server under the query (`server conn
+        /// crashed?`): it may have run.
+        ServerConnCrashed = "server_conn_crashed",
+        /// PgBouncer found no server within `query_wait_timeout`.
+        QueryWaitTimeout = "query_wait_timeout",
+        /// PgBouncer cannot log in to the server, or has no room.
+        NoServer = "no_server",
+    }
+}
+
+impl PoolerError {
+    fn of(error: &Error) -> Option<PoolerError> {
+        let db = error.as_db_error()?;
+        if db.message().starts_with("server conn crashed") {
+            Some(PoolerError::ServerConnCrashed)
+        } else if db.message().starts_with("query_wait_timeout") {
+            Some(PoolerError::QueryWaitTimeout)
+        } else if crate::error::pooler_found_no_server(db) {
+            Some(PoolerError::NoServer)
+        } else {
+            None
+        }
+    }
+}
+
 /// Handles the socket tap updates for every write and read.
 #[derive(Debug)]
 pub(crate) struct WireMetrics {
@@ -207,6 +235,8 @@ pub(crate) struct Metrics {
     inflight_failed: IntCounter,
     /// `get()`s by [`Outcome`].
     checkouts: Box<[IntCounter]>,
+    /// By [`PoolerError`].
+    pooler_errors: Box<[IntCounter]>,
     rejected: Box<[IntCounter]>,
     pub(crate) created: IntCounter,
     /// Opens that failed: refused, unreachable, timed out, rejected at
@@ -217,6 +247,7 @@ pub(crate) struct Metrics {
     // The families, for collection.
     queries_vec: IntCounterVec,
     checkouts_vec: IntCounterVec,
+    pooler_errors_vec: IntCounterVec,
     durations_vec: HistogramVec,
     rejected_vec: IntCounterVec,
     closed_vec: IntCounterVec,
@@ -273,6 +304,14 @@ impl Metrics {
                 pool,
             ),
             &["outcome"],
+        )?;
+        let pooler_errors_vec = IntCounterVec::new(
+            opts(
+                "pooler_errors_total",
+                "Errors a server-side pooler (PgBouncer) sent instead of the server, by kind.",
+                pool,
+            ),
+            &["kind"],
         )?;
         let durations_vec = HistogramVec::new(
             histogram(
@@ -369,6 +408,7 @@ impl Metrics {
                 pool,
             ))?,
             checkouts: children(&checkouts_vec, Outcome::ALL, Outcome::label),
+            pooler_errors: children(&pooler_errors_vec, PoolerError::ALL, PoolerError::label),
             rejected: children(&rejected_vec, Rejection::ALL, Rejection::label),
             created: IntCounter::with_opts(opts(
                 "connections_created_total",
@@ -409,6 +449,7 @@ impl Metrics {
             },
             queries_vec,
             checkouts_vec,
+            pooler_errors_vec,
             durations_vec,
             rejected_vec,
             closed_vec,
@@ -426,6 +467,9 @@ impl Metrics {
             }
             if mode == Mode::Pipelined && error.kind() == ErrorKind::ConnectionLost {
                 self.inflight_failed.inc();
+            }
+            if let Some(kind) = PoolerError::of(error) {
+                self.pooler_errors[kind as usize].inc();
             }
         }
     }
