@@ -150,7 +150,10 @@ pub(crate) async fn run(
     loop {
         let statement = prepared(target, prepare, sql).await?;
         params::check_params(statement.param_types(), params, false)?;
-        target.state.wire_idle().await;
+        if target.state.one_at_a_time() {
+            // Boxed: only behind some poolers; the common future stays small.
+            Box::pin(target.state.wire_idle()).await;
+        }
         let result = if clean {
             // Boxed: the rare path keeps the common future small.
             Box::pin(send_then_clean(target, sql, &statement, params, op, limits)).await
@@ -518,7 +521,10 @@ pub(crate) async fn send(
             .map(Answer::Count)
             .map_err(failed),
         (Op::Execute, Prepared::Unnamed(types)) => {
-            let stream = unnamed(target, sql, types, params).await.map_err(failed)?;
+            // Boxed: unnamed statements are the rare path.
+            let stream = Box::pin(unnamed(target, sql, types, params))
+                .await
+                .map_err(failed)?;
             let mut stream = std::pin::pin!(stream);
             while let Some(row) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
                 row.map_err(failed)?;
@@ -564,7 +570,8 @@ async fn collect(
                 .query_raw(statement, params.iter().copied())
                 .await
         }
-        Prepared::Unnamed(types) => unnamed(target, sql, types, params).await,
+        // Boxed, as below: the common future stays small.
+        Prepared::Unnamed(types) => Box::pin(unnamed(target, sql, types, params)).await,
     }
     .map_err(failed)?;
     let mut stream = std::pin::pin!(stream);

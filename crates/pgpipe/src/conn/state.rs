@@ -204,7 +204,8 @@ impl ConnState {
         }
     }
 
-    /// Waits, behind a pooler that cannot track a pipeline, until every
+    /// Whether it stands behind a pooler that cannot track a pipeline: then
+    /// [`wire_idle`](ConnState::wire_idle) waits until every
     /// query written on the connection has its ReadyForQuery, so that the
     /// next one is the only thing in flight. The pooler hands its server to
     /// someone else at the last awaited ReadyForQuery; a query written
@@ -213,6 +214,12 @@ impl ConnState {
     /// parameters, `invalid frontend message type`). A query's own future
     /// ends at its CommandComplete, before its ReadyForQuery, so waiting for
     /// the query is not enough.
+    pub(crate) fn one_at_a_time(&self) -> bool {
+        self.one_at_a_time
+    }
+
+    /// Waits until the wire is idle, when [`one_at_a_time`](ConnState::one_at_a_time);
+    /// else returns at once.
     pub(crate) async fn wire_idle(&self) {
         if !self.one_at_a_time {
             return;
