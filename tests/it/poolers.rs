@@ -219,6 +219,7 @@ fn pooler_named(name: &str) -> Pooler {
     match name {
         "none" => Pooler::None,
         "pgbouncer-1.18" => Pooler::pgbouncer_transaction((1, 18), 0),
+        "pgbouncer-1.21-prepared" => Pooler::pgbouncer_transaction((1, 21), 200),
         other => panic!("unknown pooler {other}"),
     }
 }
@@ -609,4 +610,32 @@ async fn the_server_behind_pgbouncer_stops_and_another_takes_over() {
         .await
         .unwrap();
     assert_eq!(written, 1);
+}
+
+/// PgBouncer 1.21 and later track pipelines and, with
+/// `max_prepared_statements`, named statements: the same two instances run
+/// with 64 queries in flight per connection and named statements. Debian
+/// 12 ships 1.18, so this runs when `PGPIPE_PGBOUNCER_1_21` names a newer
+/// binary, and says so when it is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_pgbouncer_pipelines_with_named_statements() {
+    let Ok(binary) = std::env::var("PGPIPE_PGBOUNCER_1_21") else {
+        pgpipe_test_support::notice(
+            "SKIPPED a_newer_pgbouncer_pipelines_with_named_statements: set \
+             PGPIPE_PGBOUNCER_1_21 to a pgbouncer binary of version 1.21 or later",
+        );
+        return;
+    };
+    let bouncer = Pgbouncer::builder(&upstream())
+        .binary(binary)
+        .setting("max_prepared_statements", "200")
+        .start()
+        .expect("PgBouncer starts")
+        .expect("the binary given");
+    let report =
+        tokio::task::spawn_blocking(move || instances(&bouncer, "pgbouncer-1.21-prepared", 120))
+            .await
+            .unwrap();
+    eprintln!("{}", report.line());
+    assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
 }

@@ -55,9 +55,9 @@ pub fn try_database_url() -> Result<String, String> {
         match Cluster::start() {
             Ok(cluster) => {
                 let url = cluster.url();
-                eprintln!(
-                    "pgpipe-test-support: nothing answers at {target}; started a throwaway cluster at {url}"
-                );
+                notice(&format!(
+                    "nothing answers at {target}; started a throwaway cluster at {url}"
+                ));
                 // Lives until the process exits; its reaper stops it then.
                 std::mem::forget(cluster);
                 Ok(url)
@@ -109,6 +109,14 @@ fn answers(url: &str) -> bool {
     }
 }
 
+/// Says something on the terminal even while the test harness captures
+/// the test's output (it captures `eprintln!`, not writes to stderr
+/// itself): a skipped check, a server started for the tests.
+pub fn notice(message: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "pgpipe-test-support: {message}");
+}
+
 /// The path of the program `name`, found on `PATH`.
 ///
 /// Outside CI a missing program skips the test that needs it (`None`, with a
@@ -125,7 +133,9 @@ pub fn required_tool(name: &str, install: &str) -> Option<PathBuf> {
             "{name} is not on PATH, and CI=true: .ci/run must install it ({install}), \
              or this check would pass without checking"
         );
-        eprintln!("{name} is not installed ({install}); skipping (under CI=true this fails)");
+        notice(&format!(
+            "{name} is not installed ({install}); skipping (under CI=true this fails)"
+        ));
     }
     found
 }

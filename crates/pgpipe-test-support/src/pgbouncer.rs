@@ -24,6 +24,7 @@ pub struct Pgbouncer {
 pub struct PgbouncerBuilder {
     upstream: String,
     settings: Vec<(String, String)>,
+    binary: Option<PathBuf>,
 }
 
 impl PgbouncerBuilder {
@@ -35,6 +36,13 @@ impl PgbouncerBuilder {
         self
     }
 
+    /// Runs this `pgbouncer` binary (another version) instead of the
+    /// installed one.
+    pub fn binary(mut self, path: impl Into<PathBuf>) -> Self {
+        self.binary = Some(path.into());
+        self
+    }
+
     /// Starts it; `None` when PgBouncer is not installed (outside CI: under
     /// `CI=true` that panics, see [`required_tool`]).
     ///
@@ -42,7 +50,7 @@ impl PgbouncerBuilder {
     ///
     /// When it does not start or does not answer within 10 s.
     pub fn start(self) -> io::Result<Option<Pgbouncer>> {
-        let Some(binary) = find() else {
+        let Some(binary) = self.binary.or_else(find) else {
             return Ok(None);
         };
         let dir = std::env::temp_dir().join(unique("pgpipe-pgbouncer"));
@@ -123,6 +131,7 @@ impl Pgbouncer {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+            binary: None,
         }
     }
 
