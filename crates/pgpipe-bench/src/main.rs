@@ -51,6 +51,9 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --out PATH         JSON lines (default bench-results/results.jsonl; with --smoke, bench-results/smoke.jsonl)
   --chart PATH       SVG chart (default bench-results/throughput.svg)
   --no-pgbench       skip the pgbench ceiling
+  --pgbouncer        through PgBouncer (transaction mode, 4 server connections, in front of
+                     the proxy): pgpipe declared for it against deadpool-postgres with
+                     query_typed, and pgpipe direct; give it before --targets
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds
@@ -69,6 +72,8 @@ struct Plan {
     rates: Vec<f64>,
     targets: Vec<Kind>,
     pgbench: Option<Duration>,
+    /// Through a PgBouncer 1.18 of the benchmark's own, in transaction mode.
+    pgbouncer: bool,
     smoke: bool,
     out: PathBuf,
     chart: PathBuf,
@@ -87,6 +92,7 @@ impl Plan {
             rates: Vec::new(),
             targets: Kind::ALL.to_vec(),
             pgbench: Some(Duration::from_secs(2)),
+            pgbouncer: false,
             smoke: false,
             out: PathBuf::from("bench-results/results.jsonl"),
             chart: PathBuf::from("bench-results/throughput.svg"),
@@ -150,6 +156,11 @@ impl Plan {
                 }
                 "--chart" => plan.chart = PathBuf::from(value()?),
                 "--no-pgbench" => plan.pgbench = None,
+                "--pgbouncer" => {
+                    plan.pgbouncer = true;
+                    plan.targets = Kind::THROUGH_PGBOUNCER.to_vec();
+                    plan.pgbench = None;
+                }
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
                 "--slow-ms" => {
                     plan.tuning.slow = Some(match value()?.as_str() {
@@ -272,6 +283,17 @@ async fn run(
         ))
         .await?;
     let proxy = Arc::new(Proxy::builder(format!("{}:{}", server.host, server.port)).start()?);
+    // In front of the proxy, so that the injected round trip lies between
+    // PgBouncer and the server.
+    let bouncer = if plan.pgbouncer {
+        let bouncer = pgpipe_test_support::Pgbouncer::builder(&proxy.addr().to_string())
+            .setting("default_pool_size", "4")
+            .start()?
+            .ok_or("--pgbouncer needs PgBouncer (apt-get install pgbouncer)")?;
+        Some(bouncer)
+    } else {
+        None
+    };
 
     print_header(plan, server, &version, &proxy, args);
     let mut records = Vec::new();
@@ -290,6 +312,10 @@ async fn run(
                     let shift = round as usize % order.len();
                     order.rotate_left(shift);
                     for kind in order {
+                        let url = match &bouncer {
+                            Some(bouncer) if kind.through_pgbouncer() => bouncer.url(),
+                            _ => url.clone(),
+                        };
                         let cell = Cell {
                             kind,
                             workload,
@@ -306,6 +332,10 @@ async fn run(
                 for &rate in &plan.rates {
                     for round in 0..plan.rounds {
                         for &kind in &plan.targets {
+                            let url = match &bouncer {
+                                Some(bouncer) if kind.through_pgbouncer() => bouncer.url(),
+                                _ => url.clone(),
+                            };
                             let cell = Cell {
                                 kind,
                                 workload,
@@ -443,6 +473,7 @@ impl Cell {
                 &url,
                 &self.workload.statements(table),
                 plan.tuning,
+                admin,
             )
             .await
             .map_err(|e| format!("{}: {e}", self.kind.name()))?,

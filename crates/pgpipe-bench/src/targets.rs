@@ -5,7 +5,7 @@ use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row, Statement};
 
 /// Which pool, and how big.
@@ -19,9 +19,29 @@ pub(crate) enum Kind {
     Deadpool(usize),
     /// One tokio-postgres client shared by every task (its own pipelining).
     SharedClient,
+    /// pgpipe through PgBouncer 1.18 in transaction mode, declared so
+    /// (`Pooler::pgbouncer_transaction((1, 18), 0)`: unnamed statements, one
+    /// query on the wire per connection).
+    PgpipeBouncer(usize),
+    /// deadpool-postgres through the same PgBouncer, as its users must run
+    /// it there: no statement cache, every query one `query_typed` group.
+    DeadpoolBouncer(usize),
 }
 
 impl Kind {
+    /// The targets of `--pgbouncer`: the two pools through PgBouncer, and
+    /// pgpipe direct for scale.
+    pub(crate) const THROUGH_PGBOUNCER: [Kind; 3] = [
+        Kind::PgpipeBouncer(4),
+        Kind::DeadpoolBouncer(16),
+        Kind::PgpipeOn(4),
+    ];
+
+    /// Whether it connects through PgBouncer.
+    pub(crate) fn through_pgbouncer(self) -> bool {
+        matches!(self, Kind::PgpipeBouncer(_) | Kind::DeadpoolBouncer(_))
+    }
+
     /// The targets every run compares.
     pub(crate) const ALL: [Kind; 7] = [
         Kind::PgpipeOn(1),
@@ -39,6 +59,8 @@ impl Kind {
             Kind::PgpipeOff(n) => format!("pgpipe off ({n})"),
             Kind::Deadpool(n) => format!("deadpool ({n})"),
             Kind::SharedClient => "shared client (1)".into(),
+            Kind::PgpipeBouncer(n) => format!("pgpipe via pgbouncer ({n})"),
+            Kind::DeadpoolBouncer(n) => format!("deadpool via pgbouncer ({n})"),
         }
     }
 
@@ -49,6 +71,8 @@ impl Kind {
             Kind::PgpipeOff(n) => format!("pgpipe_off_{n}"),
             Kind::Deadpool(n) => format!("deadpool_{n}"),
             Kind::SharedClient => "shared_client".into(),
+            Kind::PgpipeBouncer(n) => format!("pgpipe_bouncer_{n}"),
+            Kind::DeadpoolBouncer(n) => format!("deadpool_bouncer_{n}"),
         }
     }
 }
@@ -67,6 +91,9 @@ pub(crate) struct Tuning {
 pub(crate) enum Target {
     Pgpipe(pgpipe::Pool, prometheus::Registry),
     Deadpool(deadpool_postgres::Pool),
+    /// With each statement's parameter types, written out by hand as its
+    /// users must for `query_typed`.
+    DeadpoolTyped(deadpool_postgres::Pool, Arc<HashMap<String, Vec<Type>>>),
     Shared(SharedClient),
 }
 
@@ -86,8 +113,30 @@ impl Target {
         url: &str,
         statements: &[String],
         tuning: Tuning,
+        direct: &tokio_postgres::Client,
     ) -> Result<Target, BoxError> {
         Ok(match kind {
+            Kind::PgpipeBouncer(n) => {
+                let registry = prometheus::Registry::new();
+                let pool = pgpipe::Pool::builder()
+                    .url(url)
+                    .max_size(n)
+                    .pipelining(true)
+                    .pooler(pgpipe::Pooler::pgbouncer_transaction((1, 18), 0))
+                    .queue_capacity(100_000)
+                    .registry(&registry)
+                    .build()?;
+                Target::Pgpipe(pool, registry)
+            }
+            Kind::DeadpoolBouncer(n) => {
+                // The types a user would write beside each query.
+                let mut types = HashMap::new();
+                for sql in statements {
+                    let statement = direct.prepare(sql).await?;
+                    types.insert(sql.clone(), statement.params().to_vec());
+                }
+                Target::DeadpoolTyped(deadpool(url, n)?, Arc::new(types))
+            }
             Kind::PgpipeOn(n) | Kind::PgpipeOff(n) => {
                 let mut builder = pgpipe::Pool::builder()
                     .url(url)
@@ -109,21 +158,7 @@ impl Target {
                 let registry = prometheus::Registry::new();
                 Target::Pgpipe(builder.registry(&registry).build()?, registry)
             }
-            Kind::Deadpool(n) => {
-                let config: tokio_postgres::Config = url.parse()?;
-                let manager = deadpool_postgres::Manager::from_config(
-                    config,
-                    NoTls,
-                    deadpool_postgres::ManagerConfig {
-                        recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-                    },
-                );
-                Target::Deadpool(
-                    deadpool_postgres::Pool::builder(manager)
-                        .max_size(n)
-                        .build()?,
-                )
-            }
+            Kind::Deadpool(n) => Target::Deadpool(deadpool(url, n)?),
             Kind::SharedClient => {
                 let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
                 tokio::spawn(connection);
@@ -152,6 +187,13 @@ impl Target {
                 let statement = client.prepare_cached(sql).await?;
                 Ok(client.query(&statement, params).await?)
             }
+            Target::DeadpoolTyped(pool, types) => {
+                let client = pool.get().await?;
+                let types = types.get(sql).ok_or("statement not described up front")?;
+                let typed: Vec<(&(dyn ToSql + Sync), Type)> =
+                    params.iter().copied().zip(types.iter().cloned()).collect();
+                Ok(client.query_typed(sql, &typed).await?)
+            }
             Target::Shared(shared) => {
                 let statement = shared
                     .statements
@@ -165,10 +207,26 @@ impl Target {
     pub(crate) fn close(&self) {
         match self {
             Target::Pgpipe(pool, _) => pool.close(),
-            Target::Deadpool(pool) => pool.close(),
+            Target::Deadpool(pool) | Target::DeadpoolTyped(pool, _) => pool.close(),
             Target::Shared(_) => {}
         }
     }
+}
+
+/// deadpool-postgres as the benchmark runs it: `n` connections, fast
+/// recycling.
+fn deadpool(url: &str, n: usize) -> Result<deadpool_postgres::Pool, BoxError> {
+    let config: tokio_postgres::Config = url.parse()?;
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    Ok(deadpool_postgres::Pool::builder(manager)
+        .max_size(n)
+        .build()?)
 }
 
 /// pgpipe's own figures: round trips saved and latency saved (seconds).
@@ -205,7 +263,9 @@ impl fmt::Debug for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Target::Pgpipe(pool, _) => pool.fmt(f),
-            Target::Deadpool(pool) => f.debug_tuple("Deadpool").field(&pool.status()).finish(),
+            Target::Deadpool(pool) | Target::DeadpoolTyped(pool, _) => {
+                f.debug_tuple("Deadpool").field(&pool.status()).finish()
+            }
             Target::Shared(_) => f.write_str("SharedClient"),
         }
     }
