@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use pgpipe::{ErrorKind, Executor, Pool, Pooler, Prepare};
-use pgpipe_test_support::{Cluster, Pgbouncer, database_url, unique};
+use pgpipe_test_support::{Cluster, Pgbouncer, Pgpool, database_url, unique};
 
 /// `host:port` of the test server, for PgBouncer to forward to.
 fn upstream() -> String {
@@ -482,45 +482,23 @@ fn settings_that_cannot_work_through_a_transaction_pooler_are_refused_at_build()
 }
 
 /// Session mode keeps one server per client connection: the pool's full
-/// behaviour (named statements, 64 in flight) works, and nearly as fast as
-/// a direct connection.
+/// behaviour (named statements, 64 in flight) works through it. (What it
+/// costs is the benchmark's to say: `pgpipe-bench --pgbouncer`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_mode_pipelines_as_usual() {
     let Some(bouncer) = pgbouncer("session") else {
         return;
     };
-    let mut best = (Duration::MAX, Duration::MAX);
-    // The better of two rounds each: this machine is noisy.
-    for _ in 0..2 {
-        for (url, pooler, slot) in [
-            (bouncer.url(), Pooler::Session, 0),
-            (database_url(), Pooler::None, 1),
-        ] {
-            let pool = pool(&url, pooler);
-            pool.query("SELECT 1", &[]).await.unwrap();
-            let started = Instant::now();
-            let deadline = started + Duration::from_secs(120);
-            let report = load(&pool, 1, 32, 20_000, deadline, false).await;
-            let took = started.elapsed();
-            assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
-            assert_eq!(
-                report.ok + report.expected_errors,
-                20_960,
-                "{}",
-                report.line()
-            );
-            let best = if slot == 0 { &mut best.0 } else { &mut best.1 };
-            *best = (*best).min(took);
-        }
-    }
-    let ratio = best.1.as_secs_f64() / best.0.as_secs_f64();
-    eprintln!(
-        "session-mode PgBouncer: {:?}, direct: {:?}: {ratio:.2}× direct's throughput",
-        best.0, best.1
+    let through = pool(&bouncer.url(), Pooler::Session);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let report = load(&through, 1, 32, 20_000, deadline, false).await;
+    assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
+    assert_eq!(
+        report.ok + report.expected_errors,
+        20_960,
+        "{}",
+        report.line()
     );
-    // 0.76–0.79 measured here: at loopback on two cores the client, PgBouncer
-    // and the server share the CPU, and PgBouncer's copying is pure cost.
-    assert!(ratio >= 0.7, "{ratio:.2}× direct's throughput");
 }
 
 /// The server behind PgBouncer stops: what was in flight fails at once with
@@ -638,4 +616,34 @@ async fn a_newer_pgbouncer_pipelines_with_named_statements() {
             .unwrap();
     eprintln!("{}", report.line());
     assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
+}
+
+/// pgpool-II serves each client connection with a process and a server
+/// session of its own: declared as a session pooler, the pool pipelines
+/// with named statements through it, and every answer is right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgpool_session_semantics_pipeline_as_usual() {
+    let Some(pgpool) = Pgpool::start(&upstream(), 8).expect("pgpool-II starts") else {
+        return;
+    };
+    let through = pool(&pgpool.url(), Pooler::Session);
+    let started = Instant::now();
+    let report = load(
+        &through,
+        1,
+        32,
+        20_000,
+        started + Duration::from_secs(120),
+        false,
+    )
+    .await;
+    eprintln!("{} in {:?}", report.line(), started.elapsed());
+    assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
+    assert_eq!(
+        report.ok + report.expected_errors,
+        20_960,
+        "{}",
+        report.line()
+    );
+    through.close_and_wait(Duration::from_secs(5)).await;
 }

@@ -51,9 +51,10 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --out PATH         JSON lines (default bench-results/results.jsonl; with --smoke, bench-results/smoke.jsonl)
   --chart PATH       SVG chart (default bench-results/throughput.svg)
   --no-pgbench       skip the pgbench ceiling
-  --pgbouncer        through PgBouncer (transaction mode, 4 server connections, in front of
-                     the proxy): pgpipe declared for it against deadpool-postgres with
-                     query_typed, and pgpipe direct; give it before --targets
+  --pgbouncer        through PgBouncer in front of the proxy: in transaction mode (4 server
+                     connections) pgpipe declared for it against deadpool-postgres with
+                     query_typed; pgpipe through session mode; pgpipe direct. Give it
+                     before --targets
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds
@@ -285,12 +286,20 @@ async fn run(
     let proxy = Arc::new(Proxy::builder(format!("{}:{}", server.host, server.port)).start()?);
     // In front of the proxy, so that the injected round trip lies between
     // PgBouncer and the server.
-    let bouncer = if plan.pgbouncer {
-        let bouncer = pgpipe_test_support::Pgbouncer::builder(&proxy.addr().to_string())
-            .setting("default_pool_size", "4")
-            .start()?
-            .ok_or("--pgbouncer needs PgBouncer (apt-get install pgbouncer)")?;
-        Some(bouncer)
+    let start_bouncer = |mode: &str, servers: &str| -> Result<_, Box<dyn std::error::Error>> {
+        Ok(
+            pgpipe_test_support::Pgbouncer::builder(&proxy.addr().to_string())
+                .setting("pool_mode", mode)
+                .setting("default_pool_size", servers)
+                .start()?
+                .ok_or("--pgbouncer needs PgBouncer (apt-get install pgbouncer)")?,
+        )
+    };
+    let bouncers = if plan.pgbouncer {
+        Some((
+            start_bouncer("transaction", "4")?,
+            start_bouncer("session", "8")?,
+        ))
     } else {
         None
     };
@@ -312,10 +321,7 @@ async fn run(
                     let shift = round as usize % order.len();
                     order.rotate_left(shift);
                     for kind in order {
-                        let url = match &bouncer {
-                            Some(bouncer) if kind.through_pgbouncer() => bouncer.url(),
-                            _ => url.clone(),
-                        };
+                        let url = via_bouncer(&bouncers, kind, &url);
                         let cell = Cell {
                             kind,
                             workload,
@@ -332,10 +338,7 @@ async fn run(
                 for &rate in &plan.rates {
                     for round in 0..plan.rounds {
                         for &kind in &plan.targets {
-                            let url = match &bouncer {
-                                Some(bouncer) if kind.through_pgbouncer() => bouncer.url(),
-                                _ => url.clone(),
-                            };
+                            let url = via_bouncer(&bouncers, kind, &url);
                             let cell = Cell {
                                 kind,
                                 workload,
@@ -384,6 +387,23 @@ async fn run(
         );
     }
     Ok(mismatches == 0 && !(plan.smoke && errors > 0))
+}
+
+/// Where `kind` connects: one of the `--pgbouncer` PgBouncers
+/// (transaction, session), or `url`.
+fn via_bouncer(
+    bouncers: &Option<(
+        pgpipe_test_support::Pgbouncer,
+        pgpipe_test_support::Pgbouncer,
+    )>,
+    kind: Kind,
+    url: &str,
+) -> String {
+    match bouncers {
+        Some((transaction, _)) if kind.through_pgbouncer() => transaction.url(),
+        Some((_, session)) if kind.through_session_pgbouncer() => session.url(),
+        _ => url.to_string(),
+    }
 }
 
 fn print_header(plan: &Plan, server: &Server, version: &str, proxy: &Proxy, args: &[String]) {

@@ -26,20 +26,29 @@ pub(crate) enum Kind {
     /// deadpool-postgres through the same PgBouncer, as its users must run
     /// it there: no statement cache, every query one `query_typed` group.
     DeadpoolBouncer(usize),
+    /// pgpipe through a PgBouncer in session mode (`Pooler::Session`):
+    /// pipelining and named statements as with a direct connection.
+    PgpipeSession(usize),
 }
 
 impl Kind {
     /// The targets of `--pgbouncer`: the two pools through PgBouncer, and
     /// pgpipe direct for scale.
-    pub(crate) const THROUGH_PGBOUNCER: [Kind; 3] = [
+    pub(crate) const THROUGH_PGBOUNCER: [Kind; 4] = [
         Kind::PgpipeBouncer(4),
         Kind::DeadpoolBouncer(16),
+        Kind::PgpipeSession(4),
         Kind::PgpipeOn(4),
     ];
 
-    /// Whether it connects through PgBouncer.
+    /// Whether it connects through PgBouncer in transaction mode.
     pub(crate) fn through_pgbouncer(self) -> bool {
         matches!(self, Kind::PgpipeBouncer(_) | Kind::DeadpoolBouncer(_))
+    }
+
+    /// Whether it connects through PgBouncer in session mode.
+    pub(crate) fn through_session_pgbouncer(self) -> bool {
+        matches!(self, Kind::PgpipeSession(_))
     }
 
     /// The targets every run compares.
@@ -61,6 +70,7 @@ impl Kind {
             Kind::SharedClient => "shared client (1)".into(),
             Kind::PgpipeBouncer(n) => format!("pgpipe via pgbouncer ({n})"),
             Kind::DeadpoolBouncer(n) => format!("deadpool via pgbouncer ({n})"),
+            Kind::PgpipeSession(n) => format!("pgpipe via session pgbouncer ({n})"),
         }
     }
 
@@ -73,6 +83,7 @@ impl Kind {
             Kind::SharedClient => "shared_client".into(),
             Kind::PgpipeBouncer(n) => format!("pgpipe_bouncer_{n}"),
             Kind::DeadpoolBouncer(n) => format!("deadpool_bouncer_{n}"),
+            Kind::PgpipeSession(n) => format!("pgpipe_session_{n}"),
         }
     }
 }
@@ -116,13 +127,17 @@ impl Target {
         direct: &tokio_postgres::Client,
     ) -> Result<Target, BoxError> {
         Ok(match kind {
-            Kind::PgpipeBouncer(n) => {
+            Kind::PgpipeBouncer(n) | Kind::PgpipeSession(n) => {
+                let pooler = match kind {
+                    Kind::PgpipeSession(_) => pgpipe::Pooler::Session,
+                    _ => pgpipe::Pooler::pgbouncer_transaction((1, 18), 0),
+                };
                 let registry = prometheus::Registry::new();
                 let pool = pgpipe::Pool::builder()
                     .url(url)
                     .max_size(n)
                     .pipelining(true)
-                    .pooler(pgpipe::Pooler::pgbouncer_transaction((1, 18), 0))
+                    .pooler(pooler)
                     .queue_capacity(100_000)
                     .registry(&registry)
                     .build()?;

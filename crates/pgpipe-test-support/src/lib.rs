@@ -23,8 +23,10 @@ use std::{fs, io};
 use tokio_postgres::config::Host;
 
 mod pgbouncer;
+mod pgpool;
 
 pub use pgbouncer::{Pgbouncer, PgbouncerBuilder};
+pub use pgpool::Pgpool;
 
 /// The server tests use when `DATABASE_URL` is not set.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";

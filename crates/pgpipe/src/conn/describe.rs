@@ -64,10 +64,27 @@ impl Descriptions {
     /// for a statement with a type that is not PostgreSQL's own;
     /// [`ErrorKind::Connect`] when no connection could be opened to
     /// describe it. Nothing of the query itself was sent.
-    pub(crate) async fn param_types(&self, sql: &str) -> Result<Arc<[Type]>, Error> {
+    pub(crate) async fn param_types(self: &Arc<Self>, sql: &str) -> Result<Arc<[Type]>, Error> {
         if let Some(found) = self.known(sql) {
             return found;
         }
+        // In a task of its own: a caller that gives up (a dropped future)
+        // must not stop a description half-way, with its transaction open
+        // and its named statement not yet closed.
+        let descriptions = Arc::clone(self);
+        let sql = sql.to_owned();
+        tokio::spawn(async move { descriptions.describe(&sql).await })
+            .await
+            .unwrap_or_else(|e| {
+                Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("describing the statement failed: {e}"),
+                ))
+            })
+    }
+
+    /// Describes `sql` on the describer, one description at a time.
+    async fn describe(&self, sql: &str) -> Result<Arc<[Type]>, Error> {
         let mut describer = self.describer.lock().await;
         // Another query may have described it while this one waited.
         if let Some(found) = self.known(sql) {
@@ -85,7 +102,7 @@ impl Descriptions {
         let Some(conn) = describer.as_ref() else {
             unreachable!("opened just above");
         };
-        match describe(&conn.client, sql).await {
+        match describe_in_transaction(&conn.client, sql).await {
             Ok(types) => {
                 self.remember(sql, Ok(Arc::clone(&types)));
                 Ok(types)
@@ -123,7 +140,7 @@ impl Descriptions {
 }
 
 /// Prepares, describes and closes `sql` inside `BEGIN … ROLLBACK`.
-async fn describe(client: &Client, sql: &str) -> Result<Arc<[Type]>, Failure> {
+async fn describe_in_transaction(client: &Client, sql: &str) -> Result<Arc<[Type]>, Failure> {
     let failed = |e: tokio_postgres::Error| Failure {
         error: Error::from_query(e, client.is_closed()),
         retire: true,

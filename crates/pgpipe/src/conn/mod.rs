@@ -80,7 +80,7 @@ impl PgConn {
         Target {
             client: &self.client,
             cache: &self.cache,
-            descriptions: self.descriptions.as_deref(),
+            descriptions: self.descriptions.as_ref(),
             state: &self.state,
             peer: &self.peer,
             heal: true,

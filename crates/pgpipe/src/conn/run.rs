@@ -30,7 +30,7 @@ pub(crate) struct Target<'a> {
     pub(crate) cache: &'a Arc<StatementCache>,
     /// With unnamed statements, the pool's parameter types by SQL text
     /// (and the statement cache goes unused).
-    pub(crate) descriptions: Option<&'a Descriptions>,
+    pub(crate) descriptions: Option<&'a Arc<Descriptions>>,
     pub(crate) state: &'a ConnState,
     /// Where its socket went, for a cancel request.
     pub(crate) peer: &'a Peer,

@@ -89,7 +89,7 @@ impl Connection {
         } = &mut *self.object;
         let inner = client.transaction().await?;
         let metrics = self.held.as_ref().map(|(_, metrics)| &**metrics);
-        let descriptions = descriptions.as_deref();
+        let descriptions = descriptions.as_ref();
         Ok(Transaction::new(
             inner,
             cache,

@@ -44,7 +44,7 @@ use crate::metrics::{Counting, Metrics, Mode};
 pub struct Transaction<'a> {
     inner: tokio_postgres::Transaction<'a>,
     cache: &'a Arc<StatementCache>,
-    descriptions: Option<&'a Descriptions>,
+    descriptions: Option<&'a Arc<Descriptions>>,
     state: &'a ConnState,
     peer: &'a Peer,
     run: RunSettings,
@@ -56,7 +56,7 @@ impl<'a> Transaction<'a> {
     pub(crate) fn new(
         inner: tokio_postgres::Transaction<'a>,
         cache: &'a Arc<StatementCache>,
-        descriptions: Option<&'a Descriptions>,
+        descriptions: Option<&'a Arc<Descriptions>>,
         state: &'a ConnState,
         peer: &'a Peer,
         run: RunSettings,
