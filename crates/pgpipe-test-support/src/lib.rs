@@ -387,18 +387,10 @@ impl Cluster {
         } else {
             format!("{} -D {} -m immediate stop", pg_ctl.display(), self.data())
         };
-        let script = format!(
-            "while kill -0 {pid} 2>/dev/null; do sleep 1; done; {stop} >/dev/null 2>&1; rm -rf {dir}",
-            pid = std::process::id(),
-            dir = self.dir.display(),
-        );
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(drop)
+        after_exit(&format!(
+            "{stop} >/dev/null 2>&1; rm -rf {}",
+            self.dir.display()
+        ))
     }
 }
 
@@ -407,6 +399,22 @@ impl Drop for Cluster {
         let _ = self.stop("immediate");
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Runs `cleanup` (shell) in a detached process once this process has
+/// exited, however it exits: what a test started does not outlive it.
+pub(crate) fn after_exit(cleanup: &str) -> io::Result<()> {
+    let script = format!(
+        "while kill -0 {} 2>/dev/null; do sleep 1; done; {cleanup}",
+        std::process::id()
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map(drop)
 }
 
 pub(crate) fn is_root() -> bool {

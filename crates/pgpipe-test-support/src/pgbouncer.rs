@@ -7,7 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use std::{fs, io};
 
-use crate::{as_postgres_user, free_port, hand_to_postgres_user, required_tool, unique};
+use crate::{
+    after_exit, as_postgres_user, free_port, hand_to_postgres_user, required_tool, unique,
+};
 
 /// A running PgBouncer.
 #[derive(Debug)]
@@ -182,20 +184,11 @@ impl Pgbouncer {
     }
 
     fn spawn_reaper(&self) -> io::Result<()> {
-        let script = format!(
-            "while kill -0 {me} 2>/dev/null; do sleep 1; done; kill {pid} 2>/dev/null; \
-             sleep 1; rm -rf {dir}",
-            me = std::process::id(),
-            pid = self.pid,
-            dir = self.dir.display(),
-        );
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(drop)
+        after_exit(&format!(
+            "kill {} 2>/dev/null; sleep 1; rm -rf {}",
+            self.pid,
+            self.dir.display()
+        ))
     }
 }
 

@@ -8,7 +8,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use std::{fs, io};
 
-use crate::{as_postgres_user, free_port, hand_to_postgres_user, required_tool, unique};
+use crate::{
+    after_exit, as_postgres_user, free_port, hand_to_postgres_user, required_tool, unique,
+};
 
 /// A running pgpool-II.
 #[derive(Debug)]
@@ -107,20 +109,11 @@ impl Pgpool {
     }
 
     fn spawn_reaper(&self) -> io::Result<()> {
-        let script = format!(
-            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
-             kill {child} 2>/dev/null; sleep 1; rm -rf {d}",
-            me = std::process::id(),
-            child = self.child.id(),
-            d = self.dir.display(),
-        );
-        Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map(drop)
+        after_exit(&format!(
+            "kill {} 2>/dev/null; sleep 1; rm -rf {}",
+            self.child.id(),
+            self.dir.display()
+        ))
     }
 }
 

@@ -9,6 +9,7 @@ use deadpool::managed::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Notification, Statement};
 
+use super::transaction::Parts;
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
 use crate::conn::run::{self, RunSettings};
@@ -88,17 +89,15 @@ impl Connection {
             ..
         } = &mut *self.object;
         let inner = client.transaction().await?;
-        let metrics = self.held.as_ref().map(|(_, metrics)| &**metrics);
-        let descriptions = descriptions.as_ref();
-        Ok(Transaction::new(
-            inner,
+        let parts = Parts {
             cache,
-            descriptions,
+            descriptions: descriptions.as_ref(),
             state,
             peer,
-            self.run,
-            metrics,
-        ))
+            run: self.run,
+            metrics: self.held.as_ref().map(|(_, metrics)| &**metrics),
+        };
+        Ok(Transaction::new(inner, parts))
     }
 
     /// The next notification from a `LISTEN` on this connection, waiting

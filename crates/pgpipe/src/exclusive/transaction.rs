@@ -43,34 +43,26 @@ use crate::metrics::{Counting, Metrics, Mode};
 /// ```
 pub struct Transaction<'a> {
     inner: tokio_postgres::Transaction<'a>,
-    cache: &'a Arc<StatementCache>,
-    descriptions: Option<&'a Arc<Descriptions>>,
-    state: &'a ConnState,
-    peer: &'a Peer,
-    run: RunSettings,
+    parts: Parts<'a>,
+}
+
+/// What a transaction runs its queries with, besides tokio-postgres' own
+/// transaction: its connection's statement cache and state, and the pool's
+/// settings.
+#[derive(Clone, Copy)]
+pub(crate) struct Parts<'a> {
+    pub(crate) cache: &'a Arc<StatementCache>,
+    pub(crate) descriptions: Option<&'a Arc<Descriptions>>,
+    pub(crate) state: &'a ConnState,
+    pub(crate) peer: &'a Peer,
+    pub(crate) run: RunSettings,
     /// Where its `Executor` queries are counted.
-    metrics: Option<&'a Metrics>,
+    pub(crate) metrics: Option<&'a Metrics>,
 }
 
 impl<'a> Transaction<'a> {
-    pub(crate) fn new(
-        inner: tokio_postgres::Transaction<'a>,
-        cache: &'a Arc<StatementCache>,
-        descriptions: Option<&'a Arc<Descriptions>>,
-        state: &'a ConnState,
-        peer: &'a Peer,
-        run: RunSettings,
-        metrics: Option<&'a Metrics>,
-    ) -> Transaction<'a> {
-        Transaction {
-            inner,
-            cache,
-            descriptions,
-            state,
-            peer,
-            run,
-            metrics,
-        }
+    pub(crate) fn new(inner: tokio_postgres::Transaction<'a>, parts: Parts<'a>) -> Transaction<'a> {
+        Transaction { inner, parts }
     }
 
     /// Commits the transaction.
@@ -101,16 +93,8 @@ impl<'a> Transaction<'a> {
     ///
     /// As [`Connection::transaction`](crate::Connection::transaction).
     pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
-        let inner = self.inner.transaction().await?;
-        Ok(Transaction::new(
-            inner,
-            self.cache,
-            self.descriptions,
-            self.state,
-            self.peer,
-            self.run,
-            self.metrics,
-        ))
+        let parts = self.parts;
+        Ok(Transaction::new(self.inner.transaction().await?, parts))
     }
 
     /// Starts a nested transaction with a savepoint of the given name.
@@ -119,16 +103,8 @@ impl<'a> Transaction<'a> {
     ///
     /// As [`Connection::transaction`](crate::Connection::transaction).
     pub async fn savepoint(&mut self, name: impl Into<String>) -> Result<Transaction<'_>, Error> {
-        let inner = self.inner.savepoint(name).await?;
-        Ok(Transaction::new(
-            inner,
-            self.cache,
-            self.descriptions,
-            self.state,
-            self.peer,
-            self.run,
-            self.metrics,
-        ))
+        let parts = self.parts;
+        Ok(Transaction::new(self.inner.savepoint(name).await?, parts))
     }
 
     /// Prepares `sql` through the connection's statement cache, as
@@ -145,10 +121,10 @@ impl<'a> Transaction<'a> {
     fn target(&self) -> Target<'_> {
         Target {
             client: self.inner.client(),
-            cache: self.cache,
-            descriptions: self.descriptions,
-            state: self.state,
-            peer: self.peer,
+            cache: self.parts.cache,
+            descriptions: self.parts.descriptions,
+            state: self.parts.state,
+            peer: self.parts.peer,
             // A refused plan aborted the transaction: a retry would only
             // fail again, with a less useful error.
             heal: false,
@@ -161,8 +137,11 @@ impl<'a> Transaction<'a> {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        let counting = self.metrics.map(|m| Counting::start(m, Mode::Exclusive));
-        let result = run::run_for_holder(self.target(), sql, params, op, self.run).await;
+        let counting = self
+            .parts
+            .metrics
+            .map(|m| Counting::start(m, Mode::Exclusive));
+        let result = run::run_for_holder(self.target(), sql, params, op, self.parts.run).await;
         if let Some(counting) = counting {
             counting.finish(result.as_ref().map(drop));
         }
