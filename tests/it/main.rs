@@ -27,4 +27,5 @@ mod support;
 mod timeouts;
 mod tls;
 mod truthful;
+mod unnamed;
 mod wire_batching;
