@@ -142,3 +142,38 @@ async fn fill_keeps_to_the_fewest_connections_and_spread_spreads() {
     );
     assert!(spread_over.len() > filled.len());
 }
+
+/// Connections held by exclusive checkouts do not shrink what the shared
+/// path may carry: its budget is `max_pipeline_depth` × `max_size`, so the
+/// connection it keeps goes deeper instead of making queries wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_holding_connections_do_not_shrink_the_shared_budget() {
+    let pool = builder(&app("elastic_depth"))
+        .max_size(2)
+        .max_pipeline_depth(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    // A transaction holds one of the two connections.
+    let held = pool.get().await.unwrap();
+    let sleeps: Vec<_> = (0..4)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.query("SELECT pg_sleep(0.5)", &[]).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = pool.status();
+    assert_eq!(status.shared, 1, "{status:?}");
+    assert_eq!(
+        (status.in_flight, status.waiting),
+        (4, 0),
+        "four queries in flight on the one shared connection, none waiting: {status:?}"
+    );
+    for sleep in sleeps {
+        sleep.await.unwrap().unwrap();
+    }
+    drop(held);
+    settle(&pool).await;
+}

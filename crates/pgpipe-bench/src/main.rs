@@ -43,7 +43,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --rounds N         rounds per cell; tables show the median round
   --duration SECS    measured seconds per cell
   --warmup SECS      unmeasured seconds before each cell
-  --workloads LIST   echo,web,head-of-line,writes,functions
+  --workloads LIST   echo,web,head-of-line,writes,functions,transfers,batches
   --delays-us LIST   one-way delays in microseconds (0 = direct)
   --tasks LIST       concurrent tasks, e.g. 1,64,512
   --targets TEXT     only targets whose name contains TEXT
@@ -56,6 +56,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      query_typed; pgpipe through session mode; pgpipe direct. Give it
                      before --targets
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
+  --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds
   --slow-ms N|off    pgpipe: slow_query_threshold in milliseconds, or off
@@ -163,6 +164,7 @@ impl Plan {
                     plan.pgbench = None;
                 }
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
+                "--max-exclusive" => plan.tuning.max_exclusive = Some(parse_one(&value()?)?),
                 "--slow-ms" => {
                     plan.tuning.slow = Some(match value()?.as_str() {
                         "off" => None,
@@ -279,8 +281,9 @@ async fn run(
     let table: Arc<str> = Arc::from(format!("pgpipe_bench_writes_{}", std::process::id()));
     admin
         .batch_execute(&format!(
-            "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (task int8, n int8); {}",
-            workload::function_ddl(&table)
+            "CREATE UNLOGGED TABLE IF NOT EXISTS {table} (task int8, n int8); {}; {}",
+            workload::function_ddl(&table),
+            workload::accounts_ddl(&table)
         ))
         .await?;
     let proxy = Arc::new(Proxy::builder(format!("{}:{}", server.host, server.port)).start()?);
@@ -356,7 +359,8 @@ async fn run(
     }
     admin
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; DROP FUNCTION IF EXISTS {table}_echo(int8)"
+            "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_accounts; \
+             DROP FUNCTION IF EXISTS {table}_echo(int8)"
         ))
         .await?;
 
@@ -546,7 +550,7 @@ impl Cell {
         let seconds = plan.duration.as_secs_f64();
         let queries = measured.requests * self.workload.queries_per_request();
         let per_query = |d: Duration| d.as_secs_f64() * 1e6 / queries.max(1) as f64;
-        let hol = self.workload == Workload::HeadOfLine;
+        let hol = self.workload.has_second_class();
         let record = Record {
             workload: self.workload.name().into(),
             mode: if self.rate.is_some() {

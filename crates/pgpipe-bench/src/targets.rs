@@ -92,6 +92,7 @@ impl Kind {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Tuning {
     pub(crate) depth: Option<usize>,
+    pub(crate) max_exclusive: Option<usize>,
     pub(crate) routing: Option<pgpipe::Routing>,
     pub(crate) window: Option<std::time::Duration>,
     /// `Some(None)` turns head-of-line awareness off.
@@ -161,6 +162,9 @@ impl Target {
                 if let (Kind::PgpipeOn(_), Some(depth)) = (kind, tuning.depth) {
                     builder = builder.max_pipeline_depth(depth);
                 }
+                if let Some(max) = tuning.max_exclusive {
+                    builder = builder.max_exclusive(max.min(n));
+                }
                 if let (Kind::PgpipeOn(_), Some(routing)) = (kind, tuning.routing) {
                     builder = builder.routing(routing);
                 }
@@ -216,6 +220,48 @@ impl Target {
                     .ok_or("statement not prepared up front")?;
                 Ok(shared.client.query(statement, params).await?)
             }
+        }
+    }
+
+    /// A transaction moving one unit from account `a` to `b` with `sql`
+    /// (`UPDATE … SET n = n + $2 WHERE id = $1`): on pgpipe an atomic batch
+    /// when `atomic`, else an interactive transaction on an exclusive
+    /// connection, as on deadpool. One shared client cannot hold a
+    /// transaction for one task among many.
+    pub(crate) async fn transfer(
+        &self,
+        sql: &str,
+        a: i64,
+        b: i64,
+        atomic: bool,
+    ) -> Result<(), BoxError> {
+        match self {
+            Target::Pgpipe(pool, _) if atomic => {
+                let mut batch = pool.atomic_batch();
+                batch.execute(sql, &[&a, &-1i64]);
+                batch.execute(sql, &[&b, &1i64]);
+                for result in batch.run().await? {
+                    result?;
+                }
+                Ok(())
+            }
+            Target::Pgpipe(pool, _) => {
+                use pgpipe::Executor;
+                let mut conn = pool.get().await?;
+                let tx = conn.transaction().await?;
+                tx.execute(sql, &[&a, &-1i64]).await?;
+                tx.execute(sql, &[&b, &1i64]).await?;
+                Ok(tx.commit().await?)
+            }
+            Target::Deadpool(pool) | Target::DeadpoolTyped(pool, _) => {
+                let mut client = pool.get().await?;
+                let tx = client.transaction().await?;
+                let statement = tx.prepare_cached(sql).await?;
+                tx.execute(&statement, &[&a, &-1i64]).await?;
+                tx.execute(&statement, &[&b, &1i64]).await?;
+                Ok(tx.commit().await?)
+            }
+            Target::Shared(_) => Err("one shared client cannot hold a transaction".into()),
         }
     }
 

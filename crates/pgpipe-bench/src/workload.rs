@@ -27,6 +27,16 @@ pub(crate) enum Workload {
     /// function: code the pool's guard cannot read, so on pgpipe's shared
     /// path each such query has the session cleanup pipelined behind it.
     Functions,
+    /// Echo from nine tasks in ten; the tenth runs interactive transactions
+    /// on an exclusive connection (`get()`): two `UPDATE`s of an unlogged
+    /// table the reads never touch, then `COMMIT`. How much the
+    /// transactions squeeze the pipelined reads, apart from the database's
+    /// own cost.
+    Transfers,
+    /// As `Transfers`, with the transaction an atomic batch on pgpipe
+    /// (`BEGIN`, the items and `COMMIT` pipelined); an interactive
+    /// transaction on the other pools.
+    Batches,
 }
 
 const ECHO: &str = "SELECT $1::int8";
@@ -38,13 +48,24 @@ const WEB: [&str; 3] = [
 const SLOW: &str = "SELECT $1::int8 FROM pg_sleep(0.02)";
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 5] = [
+    pub(crate) const ALL: [Workload; 7] = [
         Workload::Echo,
         Workload::Web,
         Workload::HeadOfLine,
         Workload::Writes,
         Workload::Functions,
+        Workload::Transfers,
+        Workload::Batches,
     ];
+
+    /// Whether its requests fall in two classes, reported apart: the slow
+    /// queries of head-of-line, the transactions of transfers and batches.
+    pub(crate) fn has_second_class(self) -> bool {
+        matches!(
+            self,
+            Workload::HeadOfLine | Workload::Transfers | Workload::Batches
+        )
+    }
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -53,6 +74,8 @@ impl Workload {
             Workload::HeadOfLine => "head-of-line",
             Workload::Writes => "writes",
             Workload::Functions => "functions",
+            Workload::Transfers => "transfers",
+            Workload::Batches => "batches",
         }
     }
 
@@ -68,6 +91,7 @@ impl Workload {
             Workload::HeadOfLine => vec![ECHO.into(), SLOW.into()],
             Workload::Writes => vec![insert_sql(table)],
             Workload::Functions => vec![ECHO.into(), function_sql(table)],
+            Workload::Transfers | Workload::Batches => vec![ECHO.into(), transfer_sql(table)],
         }
     }
 
@@ -91,6 +115,20 @@ pub(crate) fn function_ddl(table: &str) -> String {
 
 fn function_sql(table: &str) -> String {
     format!("SELECT {table}_echo($1)")
+}
+
+/// The accounts the transactions of `transfers` and `batches` update;
+/// made and dropped with the benchmark's table.
+pub(crate) fn accounts_ddl(table: &str) -> String {
+    format!(
+        "CREATE UNLOGGED TABLE IF NOT EXISTS {table}_accounts (id int8 PRIMARY KEY, n int8); \
+         INSERT INTO {table}_accounts SELECT g, 0 FROM generate_series(1, 1000) g \
+         ON CONFLICT DO NOTHING"
+    )
+}
+
+pub(crate) fn transfer_sql(table: &str) -> String {
+    format!("UPDATE {table}_accounts SET n = n + $2 WHERE id = $1")
 }
 
 fn insert_sql(table: &str) -> String {
@@ -146,6 +184,22 @@ async fn request(
                 ECHO.into()
             };
             answer.mismatches = check(target.query(&sql, &[&value]).await?, value);
+        }
+        Workload::Transfers | Workload::Batches => {
+            // Every tenth task runs only transactions, the others only
+            // reads: were each task to mix them, every task would soon wait
+            // on a transaction and the reads would measure the
+            // transactions' throughput, not what they do to the reads. Two
+            // accounts in ascending order, so transactions never deadlock.
+            answer.slow = task % 10 == 0;
+            if answer.slow {
+                let a = (value.unsigned_abs() % 999 + 1) as i64;
+                let b = a + 1;
+                let atomic = workload == Workload::Batches;
+                target.transfer(&transfer_sql(table), a, b, atomic).await?;
+            } else {
+                answer.mismatches = check(target.query(ECHO, &[&value]).await?, value);
+            }
         }
         Workload::Writes => {
             let (task_id, n_id) = (task as i64, n as i64);

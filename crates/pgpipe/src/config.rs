@@ -81,7 +81,10 @@ pub struct PoolConfig {
     pub pipelining: bool,
     /// Most queries in flight on one shared connection. A query that finds
     /// every connection at this depth (and no room for another connection)
-    /// waits. With [`Routing::Fill`] it is also the load at which another
+    /// waits. While exclusive checkouts hold connections the shared path
+    /// could otherwise open, its connections may go deeper, up to a total
+    /// of `max_pipeline_depth` × `max_size` (not behind a pooler that cannot
+    /// track a pipeline). With [`Routing::Fill`] it is also the load at which another
     /// connection is opened.
     ///
     /// Default: 64.
