@@ -75,3 +75,33 @@ fn a_bad_value_names_its_key() {
     assert_eq!(error.kind(), ErrorKind::Config);
     assert!(error.to_string().contains("max_exclusive"), "{error}");
 }
+
+/// The pooler and the prepare mode are settings like any other, and a
+/// combination that cannot work through the pooler is refused at build.
+#[test]
+fn the_pooler_comes_from_the_environment_too() {
+    let session = from_env(&[("PGPIPE__POOLER", "session")]).unwrap();
+    assert_eq!(session.pooler, pgpipe::Pooler::Session);
+    let transaction = from_env(&[
+        ("PGPIPE__POOLER__TRANSACTION__TRACKS_PIPELINE", "false"),
+        ("PGPIPE__POOLER__TRANSACTION__TRACKS_PREPARED", "false"),
+        ("PGPIPE__PREPARE", "unnamed"),
+    ])
+    .unwrap();
+    assert_eq!(transaction.pooler, pgpipe::Pooler::unknown_transaction());
+    assert_eq!(transaction.prepare, Some(pgpipe::Prepare::Unnamed));
+    let mut refused = transaction.clone();
+    refused.statement_timeout = Some(Duration::from_secs(5));
+    let error = Pool::builder()
+        .url("postgres://app@127.0.0.1:6432/app")
+        .pool_config(refused)
+        .build()
+        .unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Config);
+    assert!(error.to_string().contains("statement_timeout"), "{error}");
+    Pool::builder()
+        .url("postgres://app@127.0.0.1:6432/app")
+        .pool_config(transaction)
+        .build()
+        .unwrap();
+}
