@@ -456,12 +456,16 @@ fn settings_that_cannot_work_through_a_transaction_pooler_are_refused_at_build()
         (base().after_connect("SET x.y = 1"), "no session"),
         (base().prepare(Prepare::Named), "max_prepared_statements"),
         (base().max_pipeline_depth(8), "session mode"),
+        // The default's value, asked for explicitly, is still asked for.
+        (base().max_pipeline_depth(64), "session mode"),
     ];
     for (builder, advice) in cases {
         let e = builder.build().unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Config, "{e}");
         assert!(e.to_string().contains(advice), "{e}");
     }
+    // One in flight is what it gets anyway.
+    base().max_pipeline_depth(1).build().unwrap();
     // What a newer PgBouncer guarantees lifts the refusals it covers.
     let newer = Pooler::pgbouncer_transaction((1, 21), 200);
     Pool::builder()

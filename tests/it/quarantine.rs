@@ -118,3 +118,31 @@ async fn a_function_that_changes_nothing_reported_is_not_quarantined() {
     drop(pool);
     drop_schema(&schema).await;
 }
+
+/// Behind a transaction pooler a `ParameterStatus` comes from whichever
+/// server the pooler linked (PgBouncer sets `application_name` on every
+/// link), so it never quarantines a connection there. (Declared against
+/// PostgreSQL itself here, so that the same function as above sends one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_transaction_pooler_a_changed_setting_does_not_quarantine() {
+    let marker = unique("linked");
+    let schema = function(&format!(
+        "PERFORM set_config('application_name', '{marker}', false);"
+    ))
+    .await;
+    let registry = Registry::new();
+    let pool = builder(&app("quarantine_pooler"))
+        .max_size(1)
+        .pipelining(true)
+        .pooler(pgpipe::Pooler::unknown_transaction())
+        .registry(&registry)
+        .build()
+        .unwrap();
+    pool.query(&format!("SELECT {schema}.f()"), &[])
+        .await
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    assert_eq!(quarantined(&registry, "session_state"), 0.0);
+    drop(pool);
+    drop_schema(&schema).await;
+}

@@ -31,6 +31,10 @@ pub struct PoolBuilder {
     config: PoolConfig,
     registry: Option<prometheus::Registry>,
     tls: Tls,
+    /// Whether `max_pipeline_depth` was set, not left at its default: a
+    /// depth above 1 asked for through a pooler that cannot track a
+    /// pipeline is refused, not quietly lowered.
+    depth_given: bool,
 }
 
 impl PoolBuilder {
@@ -53,6 +57,7 @@ impl PoolBuilder {
     /// All pool settings at once; see [`PoolConfig`] for the defaults.
     pub fn pool_config(mut self, config: PoolConfig) -> Self {
         self.config = config;
+        self.depth_given = false;
         self
     }
 
@@ -72,6 +77,7 @@ impl PoolBuilder {
     /// Most queries in flight on one shared connection. Default: 64.
     pub fn max_pipeline_depth(mut self, depth: usize) -> Self {
         self.config.max_pipeline_depth = depth;
+        self.depth_given = true;
         self
     }
 
@@ -304,6 +310,11 @@ impl PoolBuilder {
             ));
         }
         self.config.validate().map_err(Error::config)?;
+        if self.depth_given && self.config.max_pipeline_depth > 1 {
+            self.config
+                .check_depth_through_pooler()
+                .map_err(Error::config)?;
+        }
         if server.get_connect_timeout().is_none() {
             server.connect_timeout(self.config.connect_timeout);
         }

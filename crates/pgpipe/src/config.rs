@@ -348,19 +348,27 @@ impl PoolConfig {
                     .into(),
             );
         }
-        if !self.pooler.allows_pipeline()
-            && self.max_pipeline_depth > 1
-            && self.max_pipeline_depth != DEFAULT_DEPTH
-        {
-            return Err(format!(
-                "max_pipeline_depth {} needs a pooler that tracks pipelines (PgBouncer 1.21+); \
-                 this one can move a connection to another server between two pipelined \
-                 queries and mix up their answers, so pgpipe keeps one query in flight per \
-                 connection: leave max_pipeline_depth unset, or use the pooler's session mode",
-                self.max_pipeline_depth
-            ));
+        // A depth other than the default was asked for (the builder also
+        // refuses the default value when it was set explicitly).
+        if self.max_pipeline_depth != DEFAULT_DEPTH {
+            self.check_depth_through_pooler()?;
         }
         Ok(())
+    }
+
+    /// Refuses a depth above 1 through a pooler that cannot track a
+    /// pipeline.
+    pub(crate) fn check_depth_through_pooler(&self) -> Result<(), String> {
+        if self.pooler.allows_pipeline() || self.max_pipeline_depth <= 1 {
+            return Ok(());
+        }
+        Err(format!(
+            "max_pipeline_depth {} needs a pooler that tracks pipelines (PgBouncer 1.21+); \
+             this one can move a connection to another server between two pipelined \
+             queries and mix up their answers, so pgpipe keeps one query in flight per \
+             connection: leave max_pipeline_depth unset, or use the pooler's session mode",
+            self.max_pipeline_depth
+        ))
     }
 
     /// The exclusive cap in effect.
