@@ -74,6 +74,18 @@ impl Report {
         }
     }
 
+    /// Asserts that no answer went wrong, nothing failed unexpectedly, and
+    /// all `answers` came back.
+    fn assert_all_right(&self, answers: u64) {
+        assert_eq!(self.wrong + self.unexpected, 0, "{}", self.line());
+        assert_eq!(
+            self.ok + self.expected_errors,
+            answers,
+            "every query answered: {}",
+            self.line()
+        );
+    }
+
     fn hazard(&self) -> bool {
         self.wrong + self.unexpected > 0
     }
@@ -297,14 +309,8 @@ async fn two_instances_through_transaction_mode_never_get_a_wrong_answer() {
     .unwrap();
     let (report, bouncer) = report;
     eprintln!("{} in {:?}", report.line(), started.elapsed());
-    assert_eq!(report.wrong, 0, "{}", report.line());
-    assert_eq!(report.unexpected, 0, "{}", report.line());
-    assert_eq!(
-        report.ok + report.expected_errors,
-        2 * 20_000 / 32 * 32 + 2 * 2 * (20_000 / 32 / 40 * 32),
-        "every query answered: {}",
-        report.line()
-    );
+    // Per instance: 20,000 requests, of which 480 atomic batches of three.
+    report.assert_all_right(2 * (20_000 + 2 * 480));
     assert!(report.expected_errors > 0);
     let log = bouncer.log();
     // Its own complaints; clients closing ("client unexpected eof" when a
@@ -496,13 +502,7 @@ async fn session_mode_pipelines_as_usual() {
     let through = pool(&bouncer.url(), Pooler::Session);
     let deadline = Instant::now() + Duration::from_secs(120);
     let report = load(&through, 1, 32, 20_000, deadline, false).await;
-    assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
-    assert_eq!(
-        report.ok + report.expected_errors,
-        20_960,
-        "{}",
-        report.line()
-    );
+    report.assert_all_right(20_960);
 }
 
 /// The server behind PgBouncer stops: what was in flight fails at once with
@@ -642,12 +642,6 @@ async fn pgpool_session_semantics_pipeline_as_usual() {
     )
     .await;
     eprintln!("{} in {:?}", report.line(), started.elapsed());
-    assert_eq!(report.wrong + report.unexpected, 0, "{}", report.line());
-    assert_eq!(
-        report.ok + report.expected_errors,
-        20_960,
-        "{}",
-        report.line()
-    );
+    report.assert_all_right(20_960);
     through.close_and_wait(Duration::from_secs(5)).await;
 }
