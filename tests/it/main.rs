@@ -15,6 +15,7 @@ mod metrics;
 mod overload;
 mod poolers;
 mod quarantine;
+mod replicas;
 mod restart;
 mod routing;
 mod session_safety;

@@ -32,11 +32,15 @@ pub(crate) struct Control {
     busy_periods: AtomicU64,
     pub(crate) realtime: AtomicBool,
     pub(crate) thread_id: AtomicU64,
+    /// Where new connections go; [`Proxy::set_upstream`](crate::Proxy::set_upstream)
+    /// changes it, as a DNS name that moves would.
+    upstream_addr: std::sync::Mutex<SocketAddr>,
 }
 
 impl Control {
-    pub(crate) fn new(delay: Duration) -> Control {
+    pub(crate) fn new(delay: Duration, upstream: SocketAddr) -> Control {
         Control {
+            upstream_addr: std::sync::Mutex::new(upstream),
             delay_nanos: AtomicU64::new(delay.as_nanos() as u64),
             stalled: AtomicBool::new(false),
             resumed: Notify::new(),
@@ -49,6 +53,21 @@ impl Control {
             realtime: AtomicBool::new(false),
             thread_id: AtomicU64::new(0),
         }
+    }
+
+    /// Sends new connections to `upstream`; open ones stay where they are.
+    pub(crate) fn set_upstream(&self, upstream: SocketAddr) {
+        *self
+            .upstream_addr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = upstream;
+    }
+
+    fn upstream_addr(&self) -> SocketAddr {
+        *self
+            .upstream_addr
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub(crate) fn started_on_this_thread(&self, realtime: bool) {
@@ -134,7 +153,6 @@ impl Control {
 /// Accepts connections until `shutdown` fires.
 pub(crate) async fn serve(
     listener: std::net::TcpListener,
-    upstream: SocketAddr,
     control: Arc<Control>,
     mut shutdown: oneshot::Receiver<()>,
 ) {
@@ -146,6 +164,7 @@ pub(crate) async fn serve(
             accepted = listener.accept() => {
                 if let Ok((client, _)) = accepted {
                     control.connections.fetch_add(1, Ordering::Relaxed);
+                    let upstream = control.upstream_addr();
                     tokio::spawn(connection(client, upstream, Arc::clone(&control)));
                 }
             }

@@ -81,7 +81,7 @@ impl ProxyBuilder {
         let listener = TcpListener::bind(("127.0.0.1", 0))?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let control = Arc::new(Control::new(self.delay));
+        let control = Arc::new(Control::new(self.delay, upstream));
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let thread_control = Arc::clone(&control);
         let realtime = self.realtime;
@@ -95,12 +95,7 @@ impl ProxyBuilder {
                     .enable_all()
                     .build()
                     .expect("a current-thread runtime");
-                runtime.block_on(forward::serve(
-                    listener,
-                    upstream,
-                    thread_control,
-                    shutdown_rx,
-                ));
+                runtime.block_on(forward::serve(listener, thread_control, shutdown_rx));
             })?;
         // So that `realtime()` and `cpu_time()` answer from the start.
         let _ = wait_started.recv();
@@ -179,6 +174,21 @@ impl Proxy {
     /// The one-way delay.
     pub fn delay(&self) -> Duration {
         self.control.delay()
+    }
+
+    /// Sends connections opened from now on to `upstream` (`host:port`);
+    /// open ones stay where they are, as when a DNS name moves.
+    ///
+    /// # Errors
+    ///
+    /// When `upstream` does not resolve.
+    pub fn set_upstream(&self, upstream: &str) -> io::Result<()> {
+        let addr = upstream
+            .to_socket_addrs()?
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "upstream did not resolve"))?;
+        self.control.set_upstream(addr);
+        Ok(())
     }
 
     /// Stops forwarding in both directions; sockets stay open.

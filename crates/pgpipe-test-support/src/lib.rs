@@ -24,9 +24,11 @@ use tokio_postgres::config::Host;
 
 mod pgbouncer;
 mod pgpool;
+mod replication;
 
 pub use pgbouncer::{Pgbouncer, PgbouncerBuilder};
 pub use pgpool::Pgpool;
+pub use replication::{ReplicaSet, ReplicaSetBuilder, connect};
 
 /// The server tests use when `DATABASE_URL` is not set.
 pub const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
@@ -239,6 +241,39 @@ impl ClusterBuilder {
     pub fn start(self) -> io::Result<Cluster> {
         Cluster::create(self)
     }
+
+    /// Creates and starts a streaming standby of `primary`
+    /// (`pg_basebackup -R`: it follows the primary from the start), on a
+    /// port of its own. Settings given to the builder apply to the
+    /// standby.
+    ///
+    /// # Errors
+    ///
+    /// When the server binaries are missing or `pg_basebackup`/`pg_ctl`
+    /// fail.
+    pub fn standby_of(self, primary: &Cluster) -> io::Result<Cluster> {
+        let cluster = Cluster::empty(self.settings)?;
+        cluster.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+                "-D",
+                &cluster.data(),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ],
+        )?;
+        cluster.start_server()?;
+        Ok(cluster)
+    }
 }
 
 impl Cluster {
@@ -256,7 +291,8 @@ impl Cluster {
         ClusterBuilder::default()
     }
 
-    fn create(setup: ClusterBuilder) -> io::Result<Cluster> {
+    /// A directory and a port, reaped when this process exits; no data yet.
+    fn empty(settings: Vec<(String, String)>) -> io::Result<Cluster> {
         let bin = server_bin_dir()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "initdb/pg_ctl not found"))?;
         let port = free_port()?;
@@ -267,9 +303,14 @@ impl Cluster {
             dir,
             bin,
             port,
-            settings: setup.settings,
+            settings,
         };
         cluster.spawn_reaper()?;
+        Ok(cluster)
+    }
+
+    fn create(setup: ClusterBuilder) -> io::Result<Cluster> {
+        let cluster = Cluster::empty(setup.settings)?;
         cluster.run(
             "initdb",
             &[
@@ -344,6 +385,26 @@ impl Cluster {
     /// When `pg_ctl stop` fails.
     pub fn stop(&self, mode: &str) -> io::Result<()> {
         self.run("pg_ctl", &["-D", &self.data(), "-w", "-m", mode, "stop"])
+    }
+
+    /// Promotes a standby (`pg_ctl promote`, waiting until it accepts
+    /// writes).
+    ///
+    /// # Errors
+    ///
+    /// When `pg_ctl promote` fails (it is no standby, or it is down).
+    pub fn promote(&self) -> io::Result<()> {
+        self.run("pg_ctl", &["-D", &self.data(), "-w", "promote"])
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(format!("{}/server.log", self.data())).unwrap_or_default()
+    }
+
+    /// `host:port`, for a proxy or a pooler in front of it.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     /// `pg_ctl restart -m fast`: every session is terminated.

@@ -8,8 +8,15 @@ use tokio_postgres::config::{Host, SslMode};
 use crate::config::{PoolConfig, Routing, SessionCleanup};
 use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
-use crate::pool::{Pool, Setup};
+use crate::hosts::HostSettings;
+use crate::pool::{Endpoint, Pool, Setup};
 use crate::pooler::{Pooler, Prepare};
+use crate::target::{ReplicaFallback, TargetSessionAttrs};
+
+fn parse(url: &str) -> Result<tokio_postgres::Config, String> {
+    tokio_postgres::Config::from_str(url)
+        .map_err(|e| format!("the connection string does not parse: {e}"))
+}
 
 /// Builds a [`Pool`]; start with [`Pool::builder`].
 ///
@@ -35,16 +42,89 @@ pub struct PoolBuilder {
     /// depth above 1 asked for through a pooler that cannot track a
     /// pipeline is refused, not quietly lowered.
     depth_given: bool,
+    /// Standbys (or any further hosts), as given to [`replicas`](Self::replicas).
+    replicas: Vec<Result<tokio_postgres::Config, String>>,
+    /// `target_session_attrs` from the URL, which tokio-postgres is never
+    /// shown.
+    target: Option<Result<TargetSessionAttrs, String>>,
 }
 
 impl PoolBuilder {
     /// The server, as a `postgres://` URL or a libpq `key=value` string. A
     /// string that does not parse is reported by [`build`](Self::build).
+    ///
+    /// A URL may name several hosts (`postgres://u@db1:5432,db2:5432/app`)
+    /// and libpq's `target_session_attrs` (all six values): the pool then
+    /// learns each host's role, as with [`replicas`](Self::replicas), and
+    /// [`Pool::get`] reaches the kind of host the target names.
     pub fn url(mut self, url: &str) -> Self {
-        self.server = Some(
-            tokio_postgres::Config::from_str(url)
-                .map_err(|e| format!("the connection string does not parse: {e}")),
-        );
+        match crate::target::take_target(url) {
+            Ok((url, target)) => {
+                self.server = Some(parse(&url));
+                self.target = target.map(Ok);
+            }
+            Err(e) => self.target = Some(Err(e.to_string())),
+        }
+        self
+    }
+
+    /// The primary (or a writer endpoint), as [`url`](Self::url) takes it.
+    /// Where it points is a first guess: every host's role is learned from
+    /// the server, and a promoted standby becomes the primary.
+    pub fn primary(self, url: &str) -> Self {
+        self.url(url)
+    }
+
+    /// Standbys that reads through [`Pool::read`] may use, each a URL.
+    /// Their roles, too, are learned from the servers, and re-checked
+    /// every [`host_recheck`](Self::host_recheck).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), pgpipe::Error> {
+    /// let pool = pgpipe::Pool::builder()
+    ///     .primary("postgres://app@writer:5432/app")
+    ///     .replicas(["postgres://app@reader-1:5432/app", "postgres://app@reader-2:5432/app"])
+    ///     .max_replica_lag(std::time::Duration::from_secs(1))
+    ///     .pipelining(true)
+    ///     .build()?;
+    /// # let _ = pool;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn replicas<'u>(mut self, urls: impl IntoIterator<Item = &'u str>) -> Self {
+        self.replicas = urls
+            .into_iter()
+            .map(|url| match crate::target::take_target(url) {
+                Ok((url, _)) => parse(&url),
+                Err(e) => Err(e.to_string()),
+            })
+            .collect();
+        self
+    }
+
+    /// How often every host's role and lag are checked. Default: 2 s.
+    pub fn host_recheck(mut self, every: Duration) -> Self {
+        self.config.host_recheck = every;
+        self
+    }
+
+    /// A standby further behind than this serves no reads until it catches
+    /// up. Default: none.
+    pub fn max_replica_lag(mut self, lag: impl Into<Option<Duration>>) -> Self {
+        self.config.max_replica_lag = lag.into();
+        self
+    }
+
+    /// Where a read goes when no standby fits. Default:
+    /// [`ReplicaFallback::Primary`].
+    pub fn replica_fallback(mut self, fallback: ReplicaFallback) -> Self {
+        self.config.replica_fallback = fallback;
+        self
+    }
+
+    /// How long a write waits for a primary to be elected. Default: zero.
+    pub fn failover_wait(mut self, wait: Duration) -> Self {
+        self.config.failover_wait = wait;
         self
     }
 
@@ -346,12 +426,55 @@ impl PoolBuilder {
             .pool_name
             .clone()
             .unwrap_or_else(|| default_pool_name(&server));
+        let default_target = match self.target {
+            None => TargetSessionAttrs::Any,
+            Some(Ok(target)) => target,
+            Some(Err(message)) => return Err(Error::config(message)),
+        };
+        let mut servers = vec![server.clone()];
+        for replica in self.replicas {
+            let mut replica = replica.map_err(Error::config)?;
+            if replica.get_connect_timeout().is_none() {
+                replica.connect_timeout(self.config.connect_timeout);
+            }
+            if replica.get_application_name().is_none() {
+                replica.application_name(DEFAULT_APPLICATION_NAME);
+            }
+            if !startup.is_empty() {
+                replica.options(server.get_options().unwrap_or_default());
+            }
+            servers.push(replica);
+        }
+        let read_only = match self.config.pooler {
+            Pooler::None => ReadOnly::Options,
+            Pooler::Session => ReadOnly::AfterConnect,
+            _ => ReadOnly::NotEnforced,
+        };
+        let mut endpoints: Vec<Endpoint> = Vec::new();
+        for server in &servers {
+            for endpoint in split_hosts(server, read_only)? {
+                if endpoints.iter().any(|e| e.label == endpoint.label) {
+                    return Err(Error::config(format!(
+                        "{} is listed twice; give each host once",
+                        endpoint.label
+                    )));
+                }
+                endpoints.push(endpoint);
+            }
+        }
+        let settings = HostSettings {
+            recheck: self.config.host_recheck,
+            max_lag: self.config.max_replica_lag,
+            fallback: self.config.replica_fallback,
+            failover_wait: self.config.failover_wait,
+            default_target,
+        };
         let setup = Setup {
             registry: self.registry,
             name,
             tls: self.tls,
         };
-        Pool::new(server, self.config.effective(), setup)
+        Pool::new(endpoints, self.config.effective(), setup, settings)
     }
 }
 
@@ -370,6 +493,117 @@ fn escape_option(value: &str) -> String {
 
 /// The `application_name` of the pool's connections when the URL names none.
 pub(crate) const DEFAULT_APPLICATION_NAME: &str = "pgpipe";
+
+/// How a read lane's sessions are made read-only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadOnly {
+    /// `-c default_transaction_read_only=on` in the start-up `options`.
+    Options,
+    /// A `SET` after connecting: session poolers (PgBouncer refuses
+    /// `options`) keep one server session per client connection.
+    AfterConnect,
+    /// Behind a transaction pooler no session outlives a transaction.
+    NotEnforced,
+}
+
+/// One endpoint per host of `server` (a multi-host URL names several),
+/// with its read-only twin.
+fn split_hosts(
+    server: &tokio_postgres::Config,
+    read_only: ReadOnly,
+) -> Result<Vec<Endpoint>, Error> {
+    let hosts = server.get_hosts();
+    let addrs = server.get_hostaddrs();
+    let ports = server.get_ports();
+    let count = hosts.len().max(addrs.len());
+    let mut endpoints = Vec::with_capacity(count);
+    for i in 0..count {
+        let mut one = without_hosts(server);
+        let name = match (addrs.get(i), hosts.get(i)) {
+            (Some(ip), host) => {
+                one.hostaddr(*ip);
+                if let Some(Host::Tcp(host)) = host {
+                    one.host(host);
+                }
+                ip.to_string()
+            }
+            (None, Some(Host::Tcp(host))) => {
+                one.host(host);
+                host.clone()
+            }
+            #[cfg(unix)]
+            (None, Some(Host::Unix(path))) => {
+                one.host_path(path);
+                path.display().to_string()
+            }
+            (None, None) => continue,
+        };
+        // libpq: one port for all hosts, or one per host.
+        let port = match ports {
+            [] => 5432,
+            [only] => *only,
+            many => *many.get(i).ok_or_else(|| {
+                Error::config("give one port for every host, or one for all of them")
+            })?,
+        };
+        one.port(port);
+        let mut read = one.clone();
+        if read_only == ReadOnly::Options {
+            let mut options = read.get_options().unwrap_or_default().to_owned();
+            if !options.is_empty() {
+                options.push(' ');
+            }
+            options.push_str("-c default_transaction_read_only=on");
+            read.options(&options);
+        }
+        endpoints.push(Endpoint {
+            label: format!("{name}:{port}"),
+            write: one,
+            read,
+            read_after_connect: read_only == ReadOnly::AfterConnect,
+        });
+    }
+    Ok(endpoints)
+}
+
+/// `server`'s settings, with no host, address or port: tokio-postgres
+/// offers no way to remove them from a config.
+fn without_hosts(server: &tokio_postgres::Config) -> tokio_postgres::Config {
+    let mut one = tokio_postgres::Config::new();
+    if let Some(user) = server.get_user() {
+        one.user(user);
+    }
+    if let Some(password) = server.get_password() {
+        one.password(password);
+    }
+    if let Some(dbname) = server.get_dbname() {
+        one.dbname(dbname);
+    }
+    if let Some(options) = server.get_options() {
+        one.options(options);
+    }
+    if let Some(name) = server.get_application_name() {
+        one.application_name(name);
+    }
+    if let Some(timeout) = server.get_connect_timeout() {
+        one.connect_timeout(*timeout);
+    }
+    if let Some(timeout) = server.get_tcp_user_timeout() {
+        one.tcp_user_timeout(*timeout);
+    }
+    if let Some(interval) = server.get_keepalives_interval() {
+        one.keepalives_interval(interval);
+    }
+    if let Some(retries) = server.get_keepalives_retries() {
+        one.keepalives_retries(retries);
+    }
+    one.ssl_mode(server.get_ssl_mode())
+        .ssl_negotiation(server.get_ssl_negotiation())
+        .keepalives(server.get_keepalives())
+        .keepalives_idle(server.get_keepalives_idle())
+        .channel_binding(server.get_channel_binding());
+    one
+}
 
 /// `host:port/dbname`, from the first host.
 fn default_pool_name(server: &tokio_postgres::Config) -> String {

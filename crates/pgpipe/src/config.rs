@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::pooler::{Pooler, Prepare};
+use crate::target::ReplicaFallback;
 
 /// How pipelined queries are spread over connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -247,6 +248,32 @@ pub struct PoolConfig {
     ///
     /// Default: `None`.
     pub prepare: Option<Prepare>,
+    /// With several hosts: how often every host's role and lag are checked
+    /// (also at once when a write meets a read-only host, a write route's
+    /// connection breaks, or a standby is promoted).
+    ///
+    /// Default: 2 s.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub host_recheck: Duration,
+    /// With several hosts: a standby further behind the primary than this
+    /// serves no reads until it catches up.
+    ///
+    /// Default: none (any standby that is up).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub max_replica_lag: Option<Duration>,
+    /// Where a read goes when no standby fits.
+    ///
+    /// Default: [`ReplicaFallback::Primary`].
+    pub replica_fallback: ReplicaFallback,
+    /// With several hosts and none the primary: how long a write waits for
+    /// one to be elected before it fails with
+    /// [`ErrorKind::NoPrimary`](crate::ErrorKind::NoPrimary). It waits in
+    /// no queue of its own; its `wait_timeout` still applies once it has a
+    /// primary.
+    ///
+    /// Default: zero (fail at once).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub failover_wait: Duration,
 }
 
 impl Default for PoolConfig {
@@ -279,6 +306,10 @@ impl Default for PoolConfig {
             after_connect: None,
             pooler: Pooler::None,
             prepare: None,
+            host_recheck: Duration::from_secs(2),
+            max_replica_lag: None,
+            replica_fallback: ReplicaFallback::Primary,
+            failover_wait: Duration::ZERO,
         }
     }
 }
@@ -386,6 +417,11 @@ impl PoolConfig {
         self.check_pooler()?;
         if self.max_size == 0 {
             return Err("max_size must be at least 1".into());
+        }
+        if self.host_recheck < std::time::Duration::from_millis(100)
+            || self.host_recheck > std::time::Duration::from_secs(3600)
+        {
+            return Err("host_recheck must be between 100 ms and 1 h".into());
         }
         if self.max_pipeline_depth == 0 || self.max_pipeline_depth > 1 << 20 {
             return Err("max_pipeline_depth must be between 1 and 1048576".into());

@@ -80,6 +80,16 @@ pub enum ErrorKind {
     /// through [`Executor`](crate::Executor) (use tokio-postgres'
     /// `copy_in`/`copy_out` on `conn.client()`). Nothing was sent.
     NotSupported,
+    /// No host is known to be the primary (it is down, or a failover is
+    /// under way, or two hosts claim the role on the same timeline), and
+    /// none was elected within `failover_wait`. Nothing was sent: safe to
+    /// retry. The message names each host's last known role.
+    NoPrimary,
+    /// A read needed a standby and none fits (none is up, all lag past
+    /// `max_replica_lag`), with [`ReplicaFallback::Fail`](crate::ReplicaFallback::Fail)
+    /// or [`TargetSessionAttrs::Standby`](crate::TargetSessionAttrs::Standby).
+    /// Nothing was sent.
+    NoReplica,
 }
 
 impl ErrorKind {
@@ -102,6 +112,8 @@ impl ErrorKind {
             ErrorKind::BatchAborted => "batch aborted",
             ErrorKind::NotAllowedInBatch => "not allowed in an atomic batch",
             ErrorKind::NotSupported => "not supported",
+            ErrorKind::NoPrimary => "no primary",
+            ErrorKind::NoReplica => "no standby fits",
         }
     }
 }

@@ -22,6 +22,11 @@
 // trace        `tracing` spans and events (the `tracing` feature).
 // pooler       what a server-side pooler guarantees; how statements are
 //              prepared through it.
+// hosts        several hosts: each one's write and read lanes (each a pool
+//              of the above), the monitor that learns their roles and
+//              elects the primary, and dispatch with its few retries.
+// target, routed  libpq's target_session_attrs, read consistency and
+//              write tokens; the read handle `Pool::read` returns.
 // answer, executor, slow, builder, config, error, status, sync: one
 //              concept each, as named.
 
@@ -33,16 +38,19 @@ mod conn;
 mod error;
 mod exclusive;
 mod executor;
+mod hosts;
 mod housekeeping;
 mod metrics;
 mod pool;
 mod pooler;
 mod protocol;
 mod query;
+mod routed;
 mod shared;
 mod slow;
 mod status;
 mod sync;
+mod target;
 mod trace;
 
 pub use answer::Answer;
@@ -54,8 +62,10 @@ pub use exclusive::{Connection, Transaction};
 pub use executor::Executor;
 pub use pool::Pool;
 pub use pooler::{Pooler, Prepare};
+pub use routed::Routed;
 pub use slow::Slow;
 pub use status::Status;
+pub use target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
 
 /// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
 /// match the ones pgpipe was built with.

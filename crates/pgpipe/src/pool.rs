@@ -22,12 +22,18 @@ use crate::conn::state::Behind;
 use crate::conn::tls::Tls;
 use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
+use crate::error::ErrorKind;
 use crate::exclusive::{Connection, Exclusive, Holder};
+use crate::hosts::dispatch::{self, Query};
+use crate::hosts::{Host, HostSettings, Hosts};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
+use crate::metrics::{HostMetrics, Labels};
 use crate::pooler::Prepare;
+use crate::routed::Routed;
 use crate::shared::{Counts, Router};
 use crate::slow::Slow;
 use crate::status::Status;
+use crate::target::{Consistency, TargetSessionAttrs, WriteToken};
 use crate::{executor, housekeeping, query};
 
 /// A pool of PostgreSQL connections whose queries, with
@@ -36,13 +42,17 @@ use crate::{executor, housekeeping, query};
 ///
 /// Cheap to clone: clones share one pool. See the [crate docs](crate) for
 /// what may run on the shared path and what needs [`get`](Pool::get).
+///
+/// A pool may span a primary and its standbys (see
+/// [`PoolBuilder::replicas`]): its queries go to the primary, and reads
+/// marked with [`read`](Pool::read) to a standby.
 #[derive(Clone)]
 pub struct Pool {
-    inner: Arc<PoolInner>,
+    hosts: Arc<Hosts>,
 }
 
-/// The pool's parts. Each owns its state; this struct only holds them
-/// together.
+/// One lane of one host: a pool of connections to one server. Each owns
+/// its state; this struct only holds them together.
 pub(crate) struct PoolInner {
     config: PoolConfig,
     pg: deadpool::managed::Pool<Manager>,
@@ -69,6 +79,18 @@ pub(crate) struct Setup {
     pub(crate) tls: Tls,
 }
 
+/// One configured server: its `host:port` label and how to reach it.
+#[derive(Debug, Clone)]
+pub(crate) struct Endpoint {
+    pub(crate) label: String,
+    pub(crate) write: tokio_postgres::Config,
+    /// The same, opened read-only.
+    pub(crate) read: tokio_postgres::Config,
+    /// Whether the read lane's sessions are made read-only with a `SET`
+    /// (through a session pooler, which refuses start-up `options`).
+    pub(crate) read_after_connect: bool,
+}
+
 impl Pool {
     /// Starts building a pool.
     pub fn builder() -> PoolBuilder {
@@ -76,83 +98,44 @@ impl Pool {
     }
 
     pub(crate) fn new(
-        server: tokio_postgres::Config,
+        endpoints: Vec<Endpoint>,
         config: PoolConfig,
         setup: Setup,
+        settings: HostSettings,
     ) -> Result<Pool, Error> {
-        let metrics = match &setup.registry {
-            Some(_) => Some(Arc::new(Metrics::new(&setup.name).map_err(|e| {
-                Error::config(format!("invalid metrics for pool \"{}\": {e}", setup.name))
-            })?)),
-            None => None,
+        let several = endpoints.len() > 1;
+        let registry = setup.registry.as_ref();
+        let mut hosts = Vec::with_capacity(endpoints.len());
+        for endpoint in endpoints {
+            let labels = |lane: &'static str| Labels {
+                pool: setup.name.clone(),
+                host: several.then(|| endpoint.label.clone()),
+                lane: (several || lane == "read").then_some(lane),
+            };
+            let lane = |server, config, lane| {
+                PoolInner::new(server, config, labels(lane), registry, &setup)
+            };
+            let mut read_config = config.clone();
+            if endpoint.read_after_connect {
+                let set = "SET default_transaction_read_only = on";
+                read_config.after_connect = Some(match &config.after_connect {
+                    Some(sql) => format!("{set}; {sql}"),
+                    None => set.to_owned(),
+                });
+            }
+            let write = lane(endpoint.write, config.clone(), "write")?;
+            let read = lane(endpoint.read, read_config, "read")?;
+            hosts.push(Host::new(endpoint.label, write, read));
+        }
+        let metrics = match registry {
+            Some(registry) if several || settings.default_target != TargetSessionAttrs::Any => {
+                Some(HostMetrics::register(registry, &setup.name)?)
+            }
+            _ => None,
         };
-        let wire = Arc::new(PoolWire::new(metrics.clone()));
-        let mut manager = Manager {
-            config: server,
-            statement_cache_capacity: config.statement_cache_capacity,
-            max_lifetime: config.max_lifetime,
-            wire: Arc::clone(&wire),
-            tls: setup.tls,
-            after_connect: config.after_connect.as_deref().map(Arc::from),
-            behind: match (
-                config.pooler.is_transaction(),
-                config.pooler.allows_pipeline(),
-            ) {
-                (false, _) => Behind::Nothing,
-                (true, true) => Behind::TransactionPooler,
-                (true, false) => Behind::TransactionPoolerWithoutPipelines,
-            },
-            descriptions: None,
-        };
-        if config.prepare_mode() == Prepare::Unnamed {
-            // Descriptions are learned on a connection opened as the pool
-            // opens its own.
-            let describer = manager.clone();
-            manager.descriptions = Some(Arc::new(Descriptions::new(
-                describer,
-                config.statement_cache_capacity,
-            )));
-        }
-        let pg = deadpool::managed::Pool::builder(manager)
-            .max_size(config.max_size)
-            .runtime(Runtime::Tokio1)
-            .build()
-            .expect("a runtime is set, so deadpool's build cannot fail");
-        let exclusive = Exclusive::new(
-            pg.clone(),
-            config.exclusive_limit(),
-            config.wait_timeout,
-            config.pipelining,
-            run_settings(&config),
-            metrics.clone(),
-        );
-        let router = Arc::new(Router::new(
-            config.clone(),
-            pg.clone(),
-            Arc::clone(&wire),
-            metrics.clone(),
-            Arc::clone(exclusive.claims()),
-        ));
-        let inner = Arc::new(PoolInner {
-            config,
-            pg,
-            router,
-            exclusive,
-            wire,
-            metrics,
-            housekeeping: AtomicBool::new(false),
-            name: setup.name.clone(),
-        });
-        // Inside a runtime, `min_idle` connections open now, not at first use.
-        if inner.config.min_idle > 0 && tokio::runtime::Handle::try_current().is_ok() {
-            housekeeping::start(&inner);
-        }
-        if let (Some(registry), Some(metrics)) = (&setup.registry, &inner.metrics) {
-            let pool = Arc::downgrade(&inner);
-            let snapshot = Box::new(move || pool.upgrade().map(|pool| pool.snapshot()));
-            metrics::register(registry, snapshot, metrics, &setup.name)?;
-        }
-        Ok(Pool { inner })
+        Ok(Pool {
+            hosts: Arc::new(Hosts::new(hosts, settings, metrics)),
+        })
     }
 
     /// Runs a query and returns its rows.
@@ -237,7 +220,7 @@ impl Pool {
     /// # }
     /// ```
     pub fn slow(&self) -> Slow<'_> {
-        Slow::new(self)
+        Slow::new(self, None)
     }
 
     /// Starts an isolated batch: each item succeeds or fails alone. See
@@ -268,24 +251,121 @@ impl Pool {
     /// [`ErrorKind::Closed`](crate::ErrorKind::Closed),
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect).
     pub async fn get(&self) -> Result<Connection, Error> {
-        let waiting = self.inner.metrics.as_ref().map(|_| Instant::now());
-        let checkout = self.inner.checkout(Holder::Caller);
+        self.get_with(self.hosts.settings.default_target).await
+    }
+
+    /// Checks out an exclusive connection to a host of the kind `target`
+    /// names (libpq's `target_session_attrs`; see [`TargetSessionAttrs`]),
+    /// as [`get`](Pool::get) does. Connections to a standby, or opened
+    /// read-only on the primary, refuse writes with SQLSTATE 25006.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// use pgpipe::TargetSessionAttrs;
+    /// let standby = pool.get_with(TargetSessionAttrs::PreferStandby).await?;
+    /// let rows = standby.query("SELECT count(*) FROM orders", &[]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Pool::get), and [`ErrorKind::NoPrimary`](crate::ErrorKind::NoPrimary)
+    /// or [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica) when no host
+    /// of that kind is up.
+    pub async fn get_with(&self, target: TargetSessionAttrs) -> Result<Connection, Error> {
+        let lane = self.hosts.lane_for(target).await?;
+        let waiting = lane.metrics.as_ref().map(|_| Instant::now());
+        let checkout = lane.checkout(Holder::Caller);
         #[cfg(feature = "tracing")]
         let checkout = tracing::Instrument::instrument(
             checkout,
-            tracing::info_span!(target: "pgpipe", "pgpipe.checkout", pgpipe.pool = %self.inner.name),
+            tracing::info_span!(target: "pgpipe", "pgpipe.checkout", pgpipe.pool = %lane.name),
         );
         let conn = checkout.await;
-        self.inner.waited(waiting);
-        if let Some(metrics) = &self.inner.metrics {
+        lane.waited(waiting);
+        if let Some(metrics) = &lane.metrics {
             metrics.checkout(conn.as_ref().map(drop));
+        }
+        if conn.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connect) {
+            self.hosts.recheck();
         }
         conn
     }
 
-    /// A snapshot of the pool's connections and queues.
+    /// A handle whose queries are reads that a standby may serve: a
+    /// standby within `max_replica_lag`, else (by
+    /// [`replica_fallback`](PoolBuilder::replica_fallback)) the primary,
+    /// through connections opened read-only. With one host, the primary's
+    /// read-only connections: a write through this handle fails with 25006
+    /// there as it would on a standby.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let rows = pool.read().query("SELECT id, name FROM products", &[]).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn read(&self) -> Routed<'_> {
+        Routed::new(self, Consistency::Eventual)
+    }
+
+    /// As [`read`](Pool::read), seeing at least what `consistency` asks:
+    /// [`Consistency::AtLeast`] a write's [`WriteToken`] (read your own
+    /// writes), or [`Consistency::Strong`] (the primary).
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// use pgpipe::Consistency;
+    /// let (_, token) = pool
+    ///     .execute_tracked("UPDATE users SET name = $1 WHERE id = $2", &[&"Ada", &7i64])
+    ///     .await?;
+    /// let me = pool
+    ///     .read_with(Consistency::AtLeast(token))
+    ///     .query_one("SELECT name FROM users WHERE id = $1", &[&7i64])
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn read_with(&self, consistency: Consistency) -> Routed<'_> {
+        Routed::new(self, consistency)
+    }
+
+    /// As [`execute`](Pool::execute), and returns where the write left the
+    /// primary's WAL, for [`Consistency::AtLeast`]. The position is read on
+    /// the same connection right behind the write, in the same round trip.
+    ///
+    /// # Errors
+    ///
+    /// As [`execute`](Pool::execute).
+    pub async fn execute_tracked(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(u64, WriteToken), Error> {
+        let mut batch = self.batch();
+        batch.execute(sql, params);
+        batch.query(TOKEN_SQL, &[]);
+        let mut results = batch.run().await?.into_iter();
+        let (Some(written), Some(token)) = (results.next(), results.next()) else {
+            unreachable!("a batch answers every item");
+        };
+        let written = written?.rows_affected();
+        let row = executor::exactly_one(token?.into_rows())?;
+        let (timeline, lsn): (i32, i64) = (row.get(0), row.get(1));
+        Ok((
+            written,
+            WriteToken {
+                timeline: u32::try_from(timeline).unwrap_or(0),
+                lsn: u64::try_from(lsn).unwrap_or(0),
+            },
+        ))
+    }
+
+    /// A snapshot of the pool's connections and queues (every host's and
+    /// lane's together).
     pub fn status(&self) -> Status {
-        self.inner.status()
+        self.lanes().map(|lane| lane.status()).sum()
     }
 
     /// Closes the pool: new queries and checkouts fail with
@@ -293,10 +373,11 @@ impl Pool {
     /// waiting ones. Queries already running finish; their connections
     /// close when they do.
     pub fn close(&self) {
-        let inner = &self.inner;
-        inner.router.close();
-        inner.exclusive.close();
-        inner.pg.close();
+        for inner in self.lanes() {
+            inner.router.close();
+            inner.exclusive.close();
+            inner.pg.close();
+        }
     }
 
     /// Closes the pool as [`close`](Pool::close) does, then waits until the
@@ -328,10 +409,11 @@ impl Pool {
 
     /// True after [`close`](Pool::close).
     pub fn is_closed(&self) -> bool {
-        self.inner.is_closed()
+        self.hosts.is_closed()
     }
 
-    /// Runs one query; `slow` is the caller's word that it is slow.
+    /// Runs one query on the primary; `slow` is the caller's word that it
+    /// is slow.
     pub(crate) async fn run(
         &self,
         sql: &str,
@@ -339,15 +421,147 @@ impl Pool {
         op: Op,
         slow: bool,
     ) -> Result<Answer, Error> {
-        query::run(&self.inner, sql, params, op, slow).await
+        if let Some(host) = self.hosts.single() {
+            return query::run(&host.write, sql, params, op, slow).await;
+        }
+        let query = Query {
+            sql,
+            params,
+            op,
+            slow,
+        };
+        dispatch::write(&self.hosts, query).await
     }
 
-    pub(crate) fn inner(&self) -> &Arc<PoolInner> {
-        &self.inner
+    /// Runs one query on the primary, or as a read of `read`.
+    pub(crate) async fn run_as(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+        slow: bool,
+        read: Option<Consistency>,
+    ) -> Result<Answer, Error> {
+        match read {
+            None => self.run(sql, params, op, slow).await,
+            Some(consistency) => {
+                let query = Query {
+                    sql,
+                    params,
+                    op,
+                    slow,
+                };
+                dispatch::read(&self.hosts, consistency, query).await
+            }
+        }
+    }
+
+    pub(crate) fn hosts(&self) -> &Arc<Hosts> {
+        &self.hosts
+    }
+
+    /// Every lane of every host.
+    fn lanes(&self) -> impl Iterator<Item = &Arc<PoolInner>> {
+        self.hosts
+            .hosts
+            .iter()
+            .flat_map(|host| [&host.write, &host.read])
     }
 }
 
+/// The primary's WAL position and timeline, right behind a write.
+const TOKEN_SQL: &str = "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_insert_lsn()), 1, 8))::bit(32)::int, \
+     (pg_current_wal_insert_lsn() - '0/0')::int8";
+
 impl PoolInner {
+    /// Makes one lane: connections to `server`, counted under `labels`.
+    fn new(
+        server: tokio_postgres::Config,
+        config: PoolConfig,
+        labels: Labels,
+        registry: Option<&prometheus::Registry>,
+        setup: &Setup,
+    ) -> Result<Arc<PoolInner>, Error> {
+        let metrics = match registry {
+            Some(_) => Some(Arc::new(Metrics::new(&labels).map_err(|e| {
+                Error::config(format!("invalid metrics for pool \"{labels}\": {e}"))
+            })?)),
+            None => None,
+        };
+        let wire = Arc::new(PoolWire::new(metrics.clone()));
+        let mut manager = Manager {
+            config: server,
+            statement_cache_capacity: config.statement_cache_capacity,
+            max_lifetime: config.max_lifetime,
+            wire: Arc::clone(&wire),
+            tls: setup.tls.clone(),
+            after_connect: config.after_connect.as_deref().map(Arc::from),
+            behind: match (
+                config.pooler.is_transaction(),
+                config.pooler.allows_pipeline(),
+            ) {
+                (false, _) => Behind::Nothing,
+                (true, true) => Behind::TransactionPooler,
+                (true, false) => Behind::TransactionPoolerWithoutPipelines,
+            },
+            descriptions: None,
+        };
+        if config.prepare_mode() == Prepare::Unnamed {
+            // Descriptions are learned on a connection opened as the pool
+            // opens its own.
+            let describer = manager.clone();
+            manager.descriptions = Some(Arc::new(Descriptions::new(
+                describer,
+                config.statement_cache_capacity,
+            )));
+        }
+        let pg = deadpool::managed::Pool::builder(manager)
+            .max_size(config.max_size)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .expect("a runtime is set, so deadpool's build cannot fail");
+        let exclusive = Exclusive::new(
+            pg.clone(),
+            config.exclusive_limit(),
+            config.wait_timeout,
+            config.pipelining,
+            run_settings(&config),
+            metrics.clone(),
+        );
+        let router = Arc::new(Router::new(
+            config.clone(),
+            pg.clone(),
+            Arc::clone(&wire),
+            metrics.clone(),
+            Arc::clone(exclusive.claims()),
+        ));
+        let inner = Arc::new(PoolInner {
+            config,
+            pg,
+            router,
+            exclusive,
+            wire,
+            metrics,
+            housekeeping: AtomicBool::new(false),
+            name: setup.name.clone(),
+        });
+        // Inside a runtime, `min_idle` connections open now, not at first use.
+        if inner.config.min_idle > 0 && tokio::runtime::Handle::try_current().is_ok() {
+            housekeeping::start(&inner);
+        }
+        if let (Some(registry), Some(metrics)) = (registry, &inner.metrics) {
+            let pool = Arc::downgrade(&inner);
+            let snapshot = Box::new(move || pool.upgrade().map(|pool| pool.snapshot()));
+            metrics::register(registry, snapshot, metrics, &labels)?;
+        }
+        Ok(inner)
+    }
+
+    /// How its connections are opened.
+    pub(crate) fn manager(&self) -> &Manager {
+        self.pg.manager()
+    }
+
     pub(crate) fn config(&self) -> &PoolConfig {
         &self.config
     }
@@ -452,10 +666,19 @@ fn run_settings(config: &PoolConfig) -> RunSettings {
     }
 }
 
+impl fmt::Debug for PoolInner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolInner")
+            .field("name", &self.name)
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
 impl fmt::Debug for Pool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool")
-            .field("config", &self.inner.config)
+            .field("config", &self.hosts.hosts[0].write.config)
             .field("status", &self.status())
             .finish()
     }

@@ -7,16 +7,19 @@ use crate::answer::Op;
 use crate::error::Error;
 use crate::executor;
 use crate::pool::Pool;
+use crate::target::Consistency;
 
 /// Queries the caller knows to be slow; see [`Pool::slow`].
 #[derive(Debug, Clone, Copy)]
 pub struct Slow<'a> {
     pool: &'a Pool,
+    /// Reads through [`Pool::read`](crate::Pool::read): where they may go.
+    read: Option<Consistency>,
 }
 
 impl Slow<'_> {
-    pub(crate) fn new(pool: &Pool) -> Slow<'_> {
-        Slow { pool }
+    pub(crate) fn new(pool: &Pool, read: Option<Consistency>) -> Slow<'_> {
+        Slow { pool, read }
     }
 
     /// As [`Pool::query`], marked slow.
@@ -29,7 +32,10 @@ impl Slow<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        let answer = self.pool.run(sql, params, Op::Query, true).await?;
+        let answer = self
+            .pool
+            .run_as(sql, params, Op::Query, true, self.read)
+            .await?;
         Ok(answer.into_rows())
     }
 
@@ -61,7 +67,10 @@ impl Slow<'_> {
     ///
     /// As [`Pool::execute`].
     pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        let answer = self.pool.run(sql, params, Op::Execute, true).await?;
+        let answer = self
+            .pool
+            .run_as(sql, params, Op::Execute, true, self.read)
+            .await?;
         Ok(answer.rows_affected())
     }
 }

@@ -7,6 +7,8 @@
 //! (`25P02`) and answers `COMMIT` with a `ROLLBACK` tag and no error, so the
 //! outcome is read from the items' errors, never from `COMMIT` alone.
 
+use std::sync::Arc;
+
 use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
@@ -14,6 +16,7 @@ use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
+use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
 use crate::{housekeeping, query};
 
@@ -26,8 +29,7 @@ enum Step {
 }
 
 impl Batch<'_> {
-    pub(super) async fn run_atomic(&self) -> Result<BatchResults, Error> {
-        let inner = self.pool.inner();
+    pub(super) async fn run_atomic(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
         // Refused before anything is sent, or a connection taken.
         for (i, item) in self.items.iter().enumerate() {
             let refused = params::check_sql_size(item.sql)

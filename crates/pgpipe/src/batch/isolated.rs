@@ -7,7 +7,7 @@ use super::ordered::{each_in_order, join_in_order};
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::conn::params;
-use crate::conn::run::{self, Late, Prepare, Target};
+use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::pool::PoolInner;
@@ -19,8 +19,7 @@ use crate::{housekeeping, query};
 const UNSENT_RETRIES: u32 = 2;
 
 impl Batch<'_> {
-    pub(super) async fn run_isolated(&self) -> Result<BatchResults, Error> {
-        let inner = self.pool.inner();
+    pub(super) async fn run_isolated(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
         let mut clean = false;
         let mut results: Vec<Option<Result<Answer, Error>>> = self
             .items
@@ -52,7 +51,13 @@ impl Batch<'_> {
                 let conn = inner.checkout(Holder::Pool).await?;
                 let target = conn.pg_conn().target();
                 let mut out = unanswered(pending.len());
-                let round = self.round(target, Prepare::Inline, &pending, clean, &mut out);
+                let round = self.round(
+                    target,
+                    Prepare::Inline,
+                    (&pending, inner.run_settings().limits),
+                    clean,
+                    &mut out,
+                );
                 let deadline = inner.run_settings().query_timeout;
                 let timed = run::within_deadline(deadline, target, round, || Late::Cancel);
                 if timed.await.is_err() {
@@ -102,7 +107,13 @@ impl Batch<'_> {
             let mut out = unanswered(take);
             let conn = Arc::clone(&place.conn);
             let target = conn.conn().target();
-            let round = self.round(target, Prepare::Spawned(&conn), indices, clean, &mut out);
+            let round = self.round(
+                target,
+                Prepare::Spawned(&conn),
+                (indices, inner.run_settings().limits),
+                clean,
+                &mut out,
+            );
             if run::within_deadline(deadline, target, round, || router.late(&conn))
                 .await
                 .is_err()
@@ -139,11 +150,10 @@ impl Batch<'_> {
         &self,
         target: Target<'_>,
         prepare: Prepare<'_>,
-        indices: &[usize],
+        (indices, limits): (&[usize], Limits),
         clean: bool,
         out: &mut [Option<Result<Answer, Error>>],
     ) -> Result<(), Error> {
-        let limits = self.pool.inner().run_settings().limits;
         let preparing = indices
             .iter()
             .map(|&i| run::prepared(target, prepare, self.items[i].sql))

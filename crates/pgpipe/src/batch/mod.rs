@@ -16,7 +16,9 @@ use crate::error::Error;
 #[cfg(doc)]
 use crate::error::ErrorKind;
 use crate::metrics::Mode;
-use crate::pool::Pool;
+use crate::pool::{Pool, PoolInner};
+use crate::target::Consistency;
+use std::sync::Arc;
 
 /// What each item of a batch produced.
 pub type BatchResults = Vec<Result<Answer, Error>>;
@@ -63,6 +65,8 @@ pub struct Batch<'a> {
     items: Vec<Item<'a>>,
     params: Vec<&'a (dyn ToSql + Sync)>,
     atomic: bool,
+    /// Reads through [`Pool::read`](crate::Pool::read): where they may go.
+    read: Option<Consistency>,
 }
 
 struct Item<'a> {
@@ -78,6 +82,15 @@ impl<'a> Batch<'a> {
             items: Vec::new(),
             params: Vec::new(),
             atomic,
+            read: None,
+        }
+    }
+
+    /// An isolated batch of reads; see [`Routed::batch`](crate::Routed::batch).
+    pub(crate) fn read(pool: &'a Pool, consistency: Consistency) -> Batch<'a> {
+        Batch {
+            read: Some(consistency),
+            ..Batch::new(pool, false)
         }
     }
 
@@ -132,27 +145,25 @@ impl<'a> Batch<'a> {
             return Ok(Vec::new());
         }
         let start = Instant::now();
-        let run = async {
-            if self.atomic {
-                self.run_atomic().await
-            } else {
-                self.run_isolated().await
-            }
-        };
-        #[cfg(feature = "tracing")]
-        let run = tracing::Instrument::instrument(
-            run,
-            tracing::info_span!(
-                target: "pgpipe",
-                "pgpipe.batch",
-                db.system.name = "postgresql",
-                pgpipe.pool = %self.pool.inner().name(),
-                pgpipe.items = self.items.len(),
-                pgpipe.atomic = self.atomic,
+        let hosts = self.pool.hosts();
+        let (results, lane) = match (hosts.single(), self.read) {
+            (Some(host), None) => (
+                self.run_on(&host.write).await,
+                Some(Arc::clone(&host.write)),
             ),
-        );
-        let results = run.await;
-        let pool = self.pool.inner();
+            (_, None) => {
+                let pick = hosts.writer().await;
+                match pick {
+                    Ok(pick) => (self.run_on(pick.lane).await, Some(Arc::clone(pick.lane))),
+                    Err(e) => (Err(e), None),
+                }
+            }
+            (_, Some(consistency)) => match hosts.reader(consistency, None).await {
+                Ok(pick) => (self.run_on(pick.lane).await, Some(Arc::clone(pick.lane))),
+                Err(e) => (Err(e), None),
+            },
+        };
+        let Some(pool) = lane else { return results };
         if let Some(metrics) = pool.metrics() {
             let mode = if self.atomic {
                 Mode::Exclusive
@@ -174,6 +185,30 @@ impl<'a> Batch<'a> {
             }
         }
         results
+    }
+
+    /// Runs the batch on one lane.
+    async fn run_on(&self, lane: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+        let run = async {
+            if self.atomic {
+                self.run_atomic(lane).await
+            } else {
+                self.run_isolated(lane).await
+            }
+        };
+        #[cfg(feature = "tracing")]
+        let run = tracing::Instrument::instrument(
+            run,
+            tracing::info_span!(
+                target: "pgpipe",
+                "pgpipe.batch",
+                db.system.name = "postgresql",
+                pgpipe.pool = %lane.name(),
+                pgpipe.items = self.items.len(),
+                pgpipe.atomic = self.atomic,
+            ),
+        );
+        run.await
     }
 
     fn item_params(&self, item: &Item<'_>) -> &[&'a (dyn ToSql + Sync)] {

@@ -372,6 +372,15 @@ impl ConnState {
         self.draining.load(Ordering::Acquire) > 0
     }
 
+    /// Why it was quarantined, if it was.
+    #[cfg(test)]
+    pub(crate) fn quarantine_reason(&self) -> Option<QuarantineReason> {
+        match self.quarantined.load(Ordering::Acquire) {
+            0 => None,
+            n => QuarantineReason::ALL.get(usize::from(n) - 1).copied(),
+        }
+    }
+
     /// Whether it was quarantined: a query not yet sent must not go out on it.
     pub(crate) fn is_quarantined(&self) -> bool {
         self.quarantined.load(Ordering::Acquire) != 0

@@ -22,6 +22,9 @@ pub(crate) struct PoolWire {
     states: Mutex<Vec<Weak<ConnState>>>,
     /// Where [`now_nanos`](PoolWire::now_nanos) counts from.
     epoch: Epoch,
+    /// Wakes the pool's host monitor when a connection sees its host's
+    /// role change.
+    role_signal: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
 }
 
 #[derive(Debug)]
@@ -38,6 +41,18 @@ impl PoolWire {
         PoolWire {
             metrics,
             ..PoolWire::default()
+        }
+    }
+
+    /// Where [`role_changed`](PoolWire::role_changed) reports.
+    pub(crate) fn on_role_change(&self, signal: Arc<tokio::sync::Notify>) {
+        let _ = self.role_signal.set(signal);
+    }
+
+    /// A connection saw its host's role change (a standby promoted).
+    pub(crate) fn role_changed(&self) {
+        if let Some(signal) = self.role_signal.get() {
+            signal.notify_one();
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use prometheus::core::{Collector, Desc};
 use prometheus::{Gauge, IntGauge, IntGaugeVec, Registry, proto};
 
-use super::{Metrics, opts};
+use super::{Labels, Metrics, opts};
 use crate::error::Error;
 use crate::status::Status;
 
@@ -41,7 +41,7 @@ pub(crate) struct PoolCollector {
 }
 
 impl PoolCollector {
-    fn new(snapshot: SnapshotFn, name: &str) -> Result<PoolCollector, prometheus::Error> {
+    fn new(snapshot: SnapshotFn, name: &Labels) -> Result<PoolCollector, prometheus::Error> {
         let gauge = |metric: &str, help: &str| IntGauge::with_opts(opts(metric, help, name));
         let mut collector = PoolCollector {
             snapshot,
@@ -147,7 +147,7 @@ pub(crate) fn register(
     registry: &Registry,
     snapshot: SnapshotFn,
     metrics: &Arc<Metrics>,
-    name: &str,
+    name: &Labels,
 ) -> Result<(), Error> {
     let fail = |e: prometheus::Error| {
         Error::config(format!(

@@ -23,6 +23,9 @@ use prometheus::{
 
 pub(crate) use collector::{Snapshot, register};
 
+pub(crate) mod hosts;
+pub(crate) use hosts::HostMetrics;
+
 use crate::error::{Error, ErrorKind};
 
 const NAMESPACE: &str = "pgpipe";
@@ -169,6 +172,9 @@ labels! {
         /// The cleanup run behind code the guard cannot read failed, or
         /// found state it cannot undo (a `PREPARE`d statement).
         Cleanup = "cleanup",
+        /// A standby was promoted under the connection (`in_hot_standby`
+        /// turned off): the host's role changed, not the session.
+        RoleChange = "role_change",
     }
 }
 
@@ -254,16 +260,61 @@ pub(crate) struct Metrics {
     quarantined_vec: IntCounterVec,
 }
 
-fn opts(name: &str, help: &str, pool: &str) -> Opts {
-    Opts::new(name, help)
-        .namespace(NAMESPACE)
-        .const_label("pool", pool)
+/// The constant labels of one pool's series: `pool`, and in a pool of
+/// several hosts (or with a read lane) `host` (the configured `host:port`)
+/// and `lane` (`write` or `read`).
+#[derive(Debug, Clone)]
+pub(crate) struct Labels {
+    pub(crate) pool: String,
+    pub(crate) host: Option<String>,
+    pub(crate) lane: Option<&'static str>,
 }
 
-fn histogram(name: &str, help: &str, pool: &str, buckets: &[f64]) -> HistogramOpts {
+impl Labels {
+    /// Just the `pool` label.
+    pub(crate) fn pool(pool: &str) -> Labels {
+        Labels {
+            pool: pool.to_owned(),
+            host: None,
+            lane: None,
+        }
+    }
+
+    fn map(&self) -> std::collections::HashMap<String, String> {
+        let mut labels = std::collections::HashMap::from([("pool".into(), self.pool.clone())]);
+        if let Some(host) = &self.host {
+            labels.insert("host".into(), host.clone());
+        }
+        if let Some(lane) = self.lane {
+            labels.insert("lane".into(), lane.into());
+        }
+        labels
+    }
+}
+
+impl std::fmt::Display for Labels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.pool)?;
+        if let Some(host) = &self.host {
+            write!(f, " host {host}")?;
+        }
+        if let Some(lane) = self.lane {
+            write!(f, " ({lane} lane)")?;
+        }
+        Ok(())
+    }
+}
+
+fn opts(name: &str, help: &str, pool: &Labels) -> Opts {
+    Opts::new(name, help)
+        .namespace(NAMESPACE)
+        .const_labels(pool.map())
+}
+
+fn histogram(name: &str, help: &str, pool: &Labels, buckets: &[f64]) -> HistogramOpts {
     HistogramOpts::new(name, help)
         .namespace(NAMESPACE)
-        .const_label("pool", pool)
+        .const_labels(pool.map())
         .buckets(buckets.to_vec())
 }
 
@@ -279,7 +330,7 @@ fn children<L: Copy>(
 }
 
 impl Metrics {
-    pub(crate) fn new(pool: &str) -> Result<Metrics, prometheus::Error> {
+    pub(crate) fn new(pool: &Labels) -> Result<Metrics, prometheus::Error> {
         let queries_vec = IntCounterVec::new(
             opts(
                 "queries_total",

@@ -113,6 +113,16 @@ impl<S> TappedStream<S> {
             // a change of the server's own state (a standby promoted) is no
             // session's doing; behind a transaction pooler it comes from
             // whichever server is linked.
+            // A standby promoted under a connection: its host's role
+            // changed. The connection finishes what it carries and takes
+            // nothing new; the pool re-checks every host's role.
+            b'S' if state.readies.load(Ordering::Acquire) + readies > 0
+                && message.parameter_name() == b"in_hot_standby"
+                && !state.behind_transaction_pooler() =>
+            {
+                state.quarantine(QuarantineReason::RoleChange);
+                self.pool.role_changed();
+            }
             b'S' if state.readies.load(Ordering::Acquire) + readies > 0
                 && !SERVER_STATE.contains(&message.parameter_name())
                 && !state.behind_transaction_pooler() =>
@@ -286,14 +296,40 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_session_setting_quarantines_and_a_server_state_change_does_not() {
-        let state = Arc::new(ConnState::default());
-        state.load.share();
-        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
-        tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']); // start-up is over
+    fn a_changed_session_setting_quarantines_and_a_promotion_is_a_role_change() {
+        let tapped = || {
+            let state = Arc::new(ConnState::default());
+            state.load.share();
+            let wire = Arc::new(PoolWire::default());
+            let signal = Arc::new(tokio::sync::Notify::new());
+            wire.on_role_change(Arc::clone(&signal));
+            let mut tap = TappedStream::new((), Arc::clone(&state), wire);
+            tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']); // start-up is over
+            (state, tap, signal)
+        };
+        let (state, mut tap, signal) = tapped();
         tap.observe_read(&parameter_status("in_hot_standby", "off"));
-        assert!(!state.is_quarantined(), "a promotion is not session state");
+        assert_eq!(
+            state.quarantine_reason(),
+            Some(QuarantineReason::RoleChange),
+            "a promotion retires the connection as a role change, not session state"
+        );
+        let woken = signal.notified();
+        tokio::pin!(woken);
+        assert!(
+            woken.as_mut().enable(),
+            "the pool's monitor is told at once"
+        );
+        let (state, mut tap, _) = tapped();
+        tap.observe_read(&parameter_status("server_version", "16"));
+        assert!(
+            !state.is_quarantined(),
+            "server state is no session's doing"
+        );
         tap.observe_read(&parameter_status("application_name", "x"));
-        assert!(state.is_quarantined());
+        assert_eq!(
+            state.quarantine_reason(),
+            Some(QuarantineReason::SessionState)
+        );
     }
 }

@@ -1,0 +1,286 @@
+//! The monitor: asks every host its role and WAL position, on one
+//! connection of its own per host (never queued behind user work), every
+//! `host_recheck`, and at once when something suggests a role changed (a
+//! write route's connection broke, a write met a read-only host, a standby
+//! was promoted under a connection). Then it elects the primary and sets
+//! each standby's lag.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use super::lag::Samples;
+use super::{CHECK_TIMEOUT, Hosts, NONE};
+use crate::conn::{Manager, PgConn, PoolWire};
+use crate::metrics::hosts::RoleLabel;
+use crate::sync::lock;
+
+/// One query answers everything: in recovery or not; the timeline (on a
+/// primary: its WAL file name starts with it; `pg_walfile_name` refuses to
+/// run in recovery); the position (a primary's flushed WAL, a standby's
+/// replayed WAL); and who the server is, so that two configured names for
+/// one server (a writer endpoint and the instance behind it) are not taken
+/// for split brain. Every function here works for a role without
+/// privileges.
+const CHECK_SQL: &str = "SELECT pg_is_in_recovery()::text, \
+     CASE WHEN pg_is_in_recovery() THEN 0 \
+          ELSE ('x' || substr(pg_walfile_name(pg_current_wal_flush_lsn()), 1, 8))::bit(32)::int \
+     END::text, \
+     ((CASE WHEN pg_is_in_recovery() THEN coalesce(pg_last_wal_replay_lsn(), '0/0') \
+            ELSE pg_current_wal_flush_lsn() END) - '0/0')::int8::text, \
+     coalesce(inet_server_port(), 0)::text || '@' || pg_postmaster_start_time()::text";
+
+/// Fastest and slowest re-check while there is no primary.
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(25), Duration::from_millis(500));
+
+/// What one check found.
+#[derive(Debug, Clone)]
+struct Seen {
+    recovery: bool,
+    timeline: u32,
+    lsn: u64,
+    server: String,
+}
+
+/// Starts the monitor task; it ends when the pool is dropped or closed.
+pub(crate) fn start_monitor(hosts: &Arc<Hosts>) {
+    let managers: Vec<Manager> = hosts
+        .hosts
+        .iter()
+        .map(|host| {
+            let lane = host.write.manager();
+            Manager {
+                // Its connections are nobody's queries: not in the metrics.
+                wire: Arc::new(PoolWire::new(None)),
+                after_connect: None,
+                descriptions: None,
+                ..lane.clone()
+            }
+        })
+        .collect();
+    tokio::spawn(monitor(Arc::downgrade(hosts), managers));
+}
+
+async fn monitor(hosts: Weak<Hosts>, managers: Vec<Manager>) {
+    let mut conns: Vec<Option<PgConn>> = managers.iter().map(|_| None).collect();
+    let mut election = Election::default();
+    let mut backoff = BACKOFF.0;
+    loop {
+        let trigger = {
+            let Some(hosts) = hosts.upgrade() else { return };
+            if hosts.is_closed() {
+                return;
+            }
+            let seen = check_all(&managers, &mut conns).await;
+            election.apply(&hosts, seen);
+            hosts.rounds.fetch_add(1, Ordering::AcqRel);
+            hosts.round_done.notify_waiters();
+            Arc::clone(&hosts.trigger)
+        };
+        let wait = match hosts.upgrade() {
+            Some(hosts) if hosts.elected().is_none() => {
+                let wait = backoff;
+                backoff = (backoff * 2).min(BACKOFF.1);
+                wait
+            }
+            Some(hosts) => {
+                backoff = BACKOFF.0;
+                hosts.settings.recheck
+            }
+            None => return,
+        };
+        let _ = tokio::time::timeout(wait, trigger.notified()).await;
+    }
+}
+
+/// Checks every host at once, each within [`CHECK_TIMEOUT`].
+async fn check_all(
+    managers: &[Manager],
+    conns: &mut [Option<PgConn>],
+) -> Vec<Result<Seen, String>> {
+    let mut checks = JoinSet::new();
+    for (i, (manager, conn)) in managers.iter().zip(conns.iter_mut()).enumerate() {
+        let (manager, conn) = (manager.clone(), conn.take());
+        checks.spawn(async move {
+            let checked = tokio::time::timeout(CHECK_TIMEOUT, check(&manager, conn)).await;
+            let (conn, seen) = match checked {
+                Ok((conn, seen)) => (conn, seen),
+                Err(_) => (None, Err("the check timed out".to_string())),
+            };
+            (i, conn, seen)
+        });
+    }
+    let mut seen: Vec<Result<Seen, String>> = (0..managers.len())
+        .map(|_| Err("the check did not finish".to_string()))
+        .collect();
+    while let Some(done) = checks.join_next().await {
+        if let Ok((i, conn, result)) = done {
+            conns[i] = conn;
+            seen[i] = result;
+        }
+    }
+    seen
+}
+
+/// One host's check, on its kept connection or a new one.
+async fn check(manager: &Manager, conn: Option<PgConn>) -> (Option<PgConn>, Result<Seen, String>) {
+    let conn = match conn {
+        Some(conn) if !conn.is_dead() => conn,
+        _ => match manager.open().await {
+            Ok(conn) => conn,
+            Err(e) => return (None, Err(e.to_string())),
+        },
+    };
+    let rows = match conn.client.simple_query(CHECK_SQL).await {
+        Ok(rows) => rows,
+        Err(e) => return (None, Err(e.to_string())),
+    };
+    let row = rows.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+        _ => None,
+    });
+    let parsed = row.and_then(|row| {
+        Some(Seen {
+            recovery: row.get(0)? == "true",
+            timeline: row.get(1)?.parse().ok()?,
+            lsn: u64::try_from(row.get(2)?.parse::<i64>().ok()?).ok()?,
+            server: row.get(3)?.to_owned(),
+        })
+    });
+    match parsed {
+        Some(seen) => (Some(conn), Ok(seen)),
+        None => (None, Err("the role check answered nothing readable".into())),
+    }
+}
+
+/// What the monitor remembers between rounds.
+#[derive(Debug, Default)]
+struct Election {
+    /// The primary of the last round that had one.
+    last: Option<usize>,
+    /// Since when there has been no primary.
+    none_since: Option<Instant>,
+    samples: Samples,
+    timeline: u32,
+}
+
+impl Election {
+    fn apply(&mut self, hosts: &Hosts, seen: Vec<Result<Seen, String>>) {
+        let now = Instant::now();
+        let metrics = hosts.metrics.as_ref();
+        // The writable servers, each once (two names may reach one server;
+        // the first configured name stands for it).
+        let mut writable: Vec<(usize, &Seen)> = Vec::new();
+        for (i, result) in seen.iter().enumerate() {
+            let host = &hosts.hosts[i];
+            if let Some(metrics) = metrics {
+                metrics.checked(&host.label, result.is_ok());
+            }
+            let (role, text) = match result {
+                Ok(s) if s.recovery => (RoleLabel::Standby, "a standby".to_string()),
+                Ok(s) => (
+                    RoleLabel::Primary,
+                    format!("writable on timeline {}", s.timeline),
+                ),
+                Err(e) => (RoleLabel::Down, format!("down ({e})")),
+            };
+            *lock(&host.last_seen) = text;
+            if let Some(metrics) = metrics {
+                metrics.role(&host.label, role);
+            }
+            if let Ok(s) = result {
+                if !s.recovery && !writable.iter().any(|(_, w)| w.server == s.server) {
+                    writable.push((i, s));
+                }
+            }
+        }
+        let primary = match writable.as_slice() {
+            [] => None,
+            [(i, _)] => Some(*i),
+            several => {
+                if let Some(metrics) = metrics {
+                    metrics.conflicts.inc();
+                }
+                let top = several.iter().map(|(_, s)| s.timeline).max().unwrap_or(0);
+                let on_top: Vec<usize> = several
+                    .iter()
+                    .filter(|(_, s)| s.timeline == top)
+                    .map(|(i, _)| *i)
+                    .collect();
+                crate::trace::pool_warn!(
+                    writable = several.len(),
+                    timeline = top,
+                    "more than one writable server (split brain): writes go only to the \
+                     highest timeline, and nowhere on a tie"
+                );
+                match on_top.as_slice() {
+                    [only] => Some(*only),
+                    _ => None,
+                }
+            }
+        };
+        let primary_seen = primary.and_then(|i| seen[i].as_ref().ok());
+        if let Some(p) = primary_seen {
+            if p.timeline != self.timeline {
+                self.samples.clear();
+                self.timeline = p.timeline;
+            }
+            self.samples.push(now, p.lsn);
+        }
+        // Standbys: in rotation when up and within the lag bound (kept in
+        // rotation while there is no primary to measure against: reads
+        // carry on from standbys).
+        for (i, result) in seen.iter().enumerate() {
+            let host = &hosts.hosts[i];
+            let standby = matches!(result, Ok(s) if s.recovery);
+            let mut in_rotation = standby;
+            if let Ok(s) = result {
+                if s.recovery {
+                    host.replay_lsn.store(s.lsn, Ordering::Release);
+                    if let Some(lag) = primary_seen.and_then(|_| self.samples.lag(s.lsn, now)) {
+                        if let Some(metrics) = metrics {
+                            metrics.lag(&host.label, lag.seconds, lag.bytes);
+                        }
+                        if let Some(max) = hosts.settings.max_lag {
+                            in_rotation = lag.seconds <= max.as_secs_f64();
+                        }
+                    }
+                }
+            }
+            host.standby.store(standby, Ordering::Release);
+            host.in_rotation.store(in_rotation, Ordering::Release);
+        }
+        // The election itself.
+        match primary {
+            Some(i) => {
+                if let Some(p) = primary_seen {
+                    hosts.timeline.store(p.timeline, Ordering::Release);
+                }
+                hosts.primary.store(i, Ordering::Release);
+                if let Some(since) = self.none_since.take() {
+                    if let Some(metrics) = metrics {
+                        metrics.discovery.observe(since.elapsed().as_secs_f64());
+                    }
+                }
+                if self.last.is_some_and(|last| last != i) {
+                    if let Some(metrics) = metrics {
+                        metrics.primary_changes.inc();
+                    }
+                    crate::trace::pool_warn!(
+                        host = hosts.hosts[i].label.as_str(),
+                        "a new primary was elected"
+                    );
+                }
+                self.last = Some(i);
+            }
+            None => {
+                hosts.primary.store(NONE, Ordering::Release);
+                if self.last.is_some() && self.none_since.is_none() {
+                    self.none_since = Some(now);
+                }
+            }
+        }
+    }
+}

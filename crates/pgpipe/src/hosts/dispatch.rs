@@ -1,0 +1,138 @@
+//! Sends work to a host's lane, and runs it again only where nothing can
+//! have been written:
+//!
+//! - a write refused as read-only (25006, or 0A000 "… during recovery"):
+//!   the host it reached is no primary. The statement ran in an implicit
+//!   transaction that the error aborted, so it is run once more on the
+//!   primary the next check elects;
+//! - a read on a standby cancelled by a recovery conflict (40001), or whose
+//!   connection to a standby broke: a standby writes nothing, so it runs
+//!   once more on another host.
+//!
+//! A write whose connection broke (`ConnectionLost`) may have committed and
+//! is never run again; it only makes the monitor check every host now.
+
+use std::sync::Arc;
+
+use super::Hosts;
+use crate::answer::{Answer, Op};
+use crate::error::{Error, ErrorKind};
+use crate::metrics::hosts::{RetryReason, RouteLabel};
+use crate::pool::PoolInner;
+use crate::query as one;
+use crate::target::Consistency;
+use tokio_postgres::types::ToSql;
+
+/// One query to run wherever dispatch sends it.
+#[derive(Clone, Copy)]
+pub(crate) struct Query<'a> {
+    pub(crate) sql: &'a str,
+    pub(crate) params: &'a [&'a (dyn ToSql + Sync)],
+    pub(crate) op: Op,
+    pub(crate) slow: bool,
+}
+
+impl Query<'_> {
+    async fn run(&self, lane: &Arc<PoolInner>) -> Result<Answer, Error> {
+        one::run(lane, self.sql, self.params, self.op, self.slow).await
+    }
+}
+use tokio_postgres::error::SqlState;
+
+/// The role-related SQLSTATE of `error`, if it has one.
+fn role_error(error: &Error) -> Option<&'static str> {
+    let db = error.as_db_error()?;
+    match db.code() {
+        c if *c == SqlState::READ_ONLY_SQL_TRANSACTION => Some("25006"),
+        c if *c == SqlState::FEATURE_NOT_SUPPORTED && db.message().contains("during recovery") => {
+            Some("0A000")
+        }
+        c if *c == SqlState::T_R_SERIALIZATION_FAILURE
+            && db.message().contains("conflict with recovery") =>
+        {
+            Some("40001")
+        }
+        _ => None,
+    }
+}
+
+/// Runs `work` on the primary's write lane: once more on the next elected
+/// primary if the host it reached turned out read-only.
+pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer, Error> {
+    let mut retried = false;
+    loop {
+        let pick = hosts.writer().await?;
+        if let Some(metrics) = &hosts.metrics {
+            metrics.routed(RouteLabel::Primary);
+        }
+        let result = query.run(pick.lane).await;
+        if let Err(error) = &result {
+            match role_error(error) {
+                Some(code @ ("25006" | "0A000")) => {
+                    if let Some(metrics) = &hosts.metrics {
+                        metrics.role_error(code);
+                    }
+                    hosts.demote(pick.host);
+                    if !retried {
+                        retried = true;
+                        if let Some(metrics) = &hosts.metrics {
+                            metrics.retry(RetryReason::ReadOnly);
+                        }
+                        hosts.next_round().await;
+                        continue;
+                    }
+                }
+                _ if matches!(error.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect) => {
+                    hosts.recheck();
+                }
+                _ => {}
+            }
+        }
+        return result;
+    }
+}
+
+/// Runs `work` on a read lane fit for `consistency`: once more on another
+/// host if a standby cancelled it for a recovery conflict or lost its
+/// connection.
+pub(crate) async fn read(
+    hosts: &Arc<Hosts>,
+    consistency: Consistency,
+    query: Query<'_>,
+) -> Result<Answer, Error> {
+    let mut exclude = None;
+    loop {
+        let pick = hosts.reader(consistency, exclude).await?;
+        if let Some(metrics) = &hosts.metrics {
+            metrics.routed(pick.route);
+        }
+        let result = query.run(pick.lane).await;
+        if let Err(error) = &result {
+            let code = role_error(error);
+            if let (Some(metrics), Some(code)) = (&hosts.metrics, code) {
+                metrics.role_error(code);
+            }
+            let on_standby = pick.route == RouteLabel::Replica && hosts.is_standby(pick.host);
+            let reason = match (code, error.kind()) {
+                (Some("40001"), _) if on_standby => Some(RetryReason::RecoveryConflict),
+                (_, ErrorKind::ConnectionLost) if on_standby => {
+                    hosts.recheck();
+                    Some(RetryReason::ReplicaLost)
+                }
+                (_, ErrorKind::ConnectionLost | ErrorKind::Connect) => {
+                    hosts.recheck();
+                    None
+                }
+                _ => None,
+            };
+            if let (Some(reason), None) = (reason, exclude) {
+                if let Some(metrics) = &hosts.metrics {
+                    metrics.retry(reason);
+                }
+                exclude = Some(pick.host);
+                continue;
+            }
+        }
+        return result;
+    }
+}

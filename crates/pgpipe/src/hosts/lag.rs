@@ -1,0 +1,110 @@
+//! How far behind a standby is, in bytes and in seconds, from what the
+//! checks saw: correct when the primary is idle, which `now() -
+//! pg_last_xact_replay_timestamp()` is not (it grows while nothing is
+//! written).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Most primary positions kept: at the default 2 s re-check, about two
+/// minutes of history.
+const SAMPLES: usize = 64;
+
+/// The primary's WAL position at each check, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct Samples {
+    seen: VecDeque<(Instant, u64)>,
+}
+
+/// A standby's distance from the primary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Lag {
+    pub(crate) bytes: u64,
+    pub(crate) seconds: f64,
+}
+
+impl Samples {
+    /// Records the primary's position; a new timeline starts over.
+    pub(crate) fn push(&mut self, at: Instant, lsn: u64) {
+        if self.seen.back().is_some_and(|&(_, last)| lsn < last) {
+            self.seen.clear();
+        }
+        if self.seen.len() == SAMPLES {
+            self.seen.pop_front();
+        }
+        self.seen.push_back((at, lsn));
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.seen.clear();
+    }
+
+    /// The lag of a standby that has replayed up to `replay`, at `now`:
+    /// bytes behind the newest primary position, and the age of the newest
+    /// primary position it has reached (the oldest sample's age, a lower
+    /// bound, when it has reached none that is kept). `None` before the
+    /// primary was seen.
+    pub(crate) fn lag(&self, replay: u64, now: Instant) -> Option<Lag> {
+        let &(_, newest) = self.seen.back()?;
+        if replay >= newest {
+            return Some(Lag {
+                bytes: 0,
+                seconds: 0.0,
+            });
+        }
+        // The first position the standby has not reached: it has been
+        // behind since then.
+        let behind_since = self
+            .seen
+            .iter()
+            .find(|&&(_, lsn)| lsn > replay)
+            .map(|&(at, _)| at)?;
+        Some(Lag {
+            bytes: newest - replay,
+            seconds: now
+                .saturating_duration_since(behind_since)
+                .max(Duration::ZERO)
+                .as_secs_f64(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_caught_up_standby_has_no_lag_however_long_the_primary_idles() {
+        let start = Instant::now();
+        let mut samples = Samples::default();
+        for i in 0..10 {
+            samples.push(start + Duration::from_secs(i * 2), 1000);
+        }
+        let lag = samples.lag(1000, start + Duration::from_secs(60)).unwrap();
+        assert_eq!(lag.bytes, 0);
+        assert_eq!(lag.seconds, 0.0);
+    }
+
+    #[test]
+    fn a_stuck_standby_lags_since_the_first_position_it_missed() {
+        let start = Instant::now();
+        let mut samples = Samples::default();
+        samples.push(start, 100);
+        samples.push(start + Duration::from_secs(2), 200);
+        samples.push(start + Duration::from_secs(4), 300);
+        let lag = samples.lag(150, start + Duration::from_secs(5)).unwrap();
+        assert_eq!(lag.bytes, 150);
+        assert_eq!(lag.seconds, 3.0);
+        assert_eq!(Samples::default().lag(0, start), None);
+    }
+
+    #[test]
+    fn a_new_timeline_starts_the_history_over() {
+        let start = Instant::now();
+        let mut samples = Samples::default();
+        samples.push(start, 500);
+        samples.push(start + Duration::from_secs(1), 100);
+        let lag = samples.lag(50, start + Duration::from_secs(2)).unwrap();
+        assert_eq!(lag.seconds, 1.0);
+    }
+}

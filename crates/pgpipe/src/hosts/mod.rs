@@ -1,0 +1,393 @@
+//! The hosts behind a pool and their roles: which one takes writes, which
+//! take reads, and how that is learned from the servers themselves.
+//!
+//! Each configured host has two lanes, each a pool of its own (shared
+//! path, exclusive checkouts, metrics): `write`, for the primary's work,
+//! and `read`, whose connections open with `default_transaction_read_only
+//! =on`, for reads (on a standby, or on the primary when no standby fits).
+//!
+//! With one host and no `target_session_attrs`, nothing is checked: the
+//! host is the primary, as before this module existed. With more, a
+//! monitor ([`check`]) asks every host its role and position on an interval
+//! and at once on a trigger, and elects the primary: exactly one writable
+//! server; with two (split brain) the higher timeline, and none on a tie.
+//! Routing reads the election from atomics; it never waits on the monitor
+//! unless there is no primary and `failover_wait` allows a wait.
+
+mod check;
+pub(crate) mod dispatch;
+mod lag;
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::config::deadline_after;
+use crate::error::{Error, ErrorKind};
+use crate::metrics::HostMetrics;
+use crate::metrics::hosts::{FallbackReason, RouteLabel};
+use crate::pool::PoolInner;
+use crate::sync::lock;
+use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs};
+
+pub(crate) use check::start_monitor;
+
+/// No primary elected.
+const NONE: usize = usize::MAX;
+
+/// One configured host.
+#[derive(Debug)]
+pub(crate) struct Host {
+    /// `host:port` as configured: its `host` label.
+    pub(crate) label: String,
+    pub(crate) write: Arc<PoolInner>,
+    pub(crate) read: Arc<PoolInner>,
+    /// A standby within the lag bound, up at the last check.
+    in_rotation: AtomicBool,
+    /// Known to be a standby at the last check.
+    standby: AtomicBool,
+    /// Its replay position at the last check (standbys).
+    replay_lsn: AtomicU64,
+    /// What the last check found, for error messages.
+    last_seen: std::sync::Mutex<String>,
+}
+
+impl Host {
+    pub(crate) fn new(label: String, write: Arc<PoolInner>, read: Arc<PoolInner>) -> Host {
+        Host {
+            label,
+            write,
+            read,
+            in_rotation: AtomicBool::new(false),
+            standby: AtomicBool::new(false),
+            replay_lsn: AtomicU64::new(0),
+            last_seen: std::sync::Mutex::new("not checked yet".into()),
+        }
+    }
+}
+
+/// Settings of a pool of several hosts.
+#[derive(Debug, Clone)]
+pub(crate) struct HostSettings {
+    pub(crate) recheck: Duration,
+    pub(crate) max_lag: Option<Duration>,
+    pub(crate) fallback: ReplicaFallback,
+    pub(crate) failover_wait: Duration,
+    /// Where `pool.query` and `pool.get` go.
+    pub(crate) default_target: TargetSessionAttrs,
+}
+
+/// Every host of a pool, and the election.
+#[derive(Debug)]
+pub(crate) struct Hosts {
+    pub(crate) hosts: Box<[Host]>,
+    /// Whether roles are checked; false for one host and no target.
+    discovering: bool,
+    primary: AtomicUsize,
+    timeline: AtomicU32,
+    /// Completed check rounds.
+    rounds: AtomicU64,
+    /// Wakes tasks waiting for a round (a primary, or a retry's answer).
+    round_done: Notify,
+    /// Wakes the monitor for a round now.
+    pub(crate) trigger: Arc<Notify>,
+    next_read: AtomicUsize,
+    monitor: AtomicBool,
+    pub(crate) settings: HostSettings,
+    pub(crate) metrics: Option<HostMetrics>,
+}
+
+/// Where a query goes: the lane, its host's index, and the route.
+#[derive(Debug)]
+pub(crate) struct Pick<'a> {
+    pub(crate) lane: &'a Arc<PoolInner>,
+    pub(crate) host: usize,
+    pub(crate) route: RouteLabel,
+}
+
+impl Hosts {
+    pub(crate) fn new(
+        hosts: Vec<Host>,
+        settings: HostSettings,
+        metrics: Option<HostMetrics>,
+    ) -> Hosts {
+        let discovering = hosts.len() > 1 || settings.default_target != TargetSessionAttrs::Any;
+        let trigger = Arc::new(Notify::new());
+        for host in &hosts {
+            host.write.wire().on_role_change(Arc::clone(&trigger));
+            host.read.wire().on_role_change(Arc::clone(&trigger));
+        }
+        Hosts {
+            primary: AtomicUsize::new(if discovering { NONE } else { 0 }),
+            hosts: hosts.into_boxed_slice(),
+            discovering,
+            timeline: AtomicU32::new(0),
+            rounds: AtomicU64::new(0),
+            round_done: Notify::new(),
+            trigger,
+            next_read: AtomicUsize::new(0),
+            monitor: AtomicBool::new(false),
+            settings,
+            metrics,
+        }
+    }
+
+    /// The one host of a pool that checks no roles.
+    pub(crate) fn single(&self) -> Option<&Host> {
+        (!self.discovering).then(|| &self.hosts[0])
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.hosts[0].write.is_closed()
+    }
+
+    /// Asks the monitor for a round now.
+    pub(crate) fn recheck(&self) {
+        if self.discovering {
+            self.trigger.notify_one();
+        }
+    }
+
+    /// The monitor runs from the first use inside a runtime.
+    fn ensure_monitor(self: &Arc<Self>) {
+        if self.discovering
+            && !self.monitor.load(Ordering::Relaxed)
+            && !self.monitor.swap(true, Ordering::AcqRel)
+        {
+            start_monitor(self);
+        }
+    }
+
+    fn elected(&self) -> Option<usize> {
+        match self.primary.load(Ordering::Acquire) {
+            NONE => None,
+            i => Some(i),
+        }
+    }
+
+    /// The primary's timeline, when one is elected.
+    pub(crate) fn timeline(&self) -> u32 {
+        self.timeline.load(Ordering::Acquire)
+    }
+
+    /// The primary's host, waiting up to `failover_wait` for one (at least
+    /// one round of checks when none has run yet).
+    pub(crate) async fn primary(self: &Arc<Self>) -> Result<usize, Error> {
+        if let Some(i) = self.elected() {
+            return Ok(i);
+        }
+        self.ensure_monitor();
+        let deadline = deadline_after(self.settings.failover_wait);
+        loop {
+            let notified = self.round_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(i) = self.elected() {
+                return Ok(i);
+            }
+            if self.is_closed() {
+                return Err(Error::new(ErrorKind::Closed, "the pool is closed"));
+            }
+            let first_round = self.rounds.load(Ordering::Acquire) == 0;
+            if !first_round && tokio::time::Instant::now() >= deadline {
+                return Err(self.no_primary());
+            }
+            // Before the first round, wait for it however short
+            // `failover_wait` is: that is start-up, not a failover.
+            let until = if first_round {
+                tokio::time::Instant::now() + CHECK_TIMEOUT * 2
+            } else {
+                deadline
+            };
+            if tokio::time::timeout_at(until, notified).await.is_err() && first_round {
+                return Err(self.no_primary());
+            }
+        }
+    }
+
+    /// Waits for the next round of checks to finish (at most two check
+    /// timeouts), after asking for one.
+    pub(crate) async fn next_round(self: &Arc<Self>) {
+        self.ensure_monitor();
+        let seen = self.rounds.load(Ordering::Acquire);
+        let deadline = tokio::time::Instant::now() + CHECK_TIMEOUT * 2;
+        self.recheck();
+        while self.rounds.load(Ordering::Acquire) <= seen {
+            let notified = self.round_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.rounds.load(Ordering::Acquire) > seen {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Stops sending writes to `host` until a check elects it again: a
+    /// write there found it read-only.
+    pub(crate) fn demote(&self, host: usize) {
+        let _ = self
+            .primary
+            .compare_exchange(host, NONE, Ordering::AcqRel, Ordering::Acquire);
+        self.recheck();
+    }
+
+    /// `NoPrimary`, naming what each host was last seen as.
+    fn no_primary(&self) -> Error {
+        let mut message = String::from("no primary elected within failover_wait; last seen:");
+        for host in self.hosts.iter() {
+            let _ = write!(message, " {} {};", host.label, lock(&host.last_seen));
+        }
+        message.pop();
+        Error::new(ErrorKind::NoPrimary, message).unsent()
+    }
+
+    /// The write lane of the primary.
+    pub(crate) async fn writer(self: &Arc<Self>) -> Result<Pick<'_>, Error> {
+        self.ensure_monitor();
+        let host = self.primary().await?;
+        Ok(Pick {
+            lane: &self.hosts[host].write,
+            host,
+            route: RouteLabel::Primary,
+        })
+    }
+
+    /// A standby's read lane for a read of `consistency`, avoiding
+    /// `exclude`; else, by the fallback, the primary's read lane.
+    pub(crate) async fn reader(
+        self: &Arc<Self>,
+        consistency: Consistency,
+        exclude: Option<usize>,
+    ) -> Result<Pick<'_>, Error> {
+        self.ensure_monitor();
+        let (wanted, token) = match consistency {
+            Consistency::Eventual => (true, None),
+            Consistency::AtLeast(token) => (true, Some(token)),
+            Consistency::Strong => (false, None),
+        };
+        let mut reason = FallbackReason::NoReplica;
+        if wanted && self.discovering {
+            let stale_token =
+                token.is_some_and(|t| self.elected().is_none() || t.timeline != self.timeline());
+            if !stale_token {
+                match self.standby(exclude, token.map(|t| t.lsn)) {
+                    Ok(host) => {
+                        return Ok(Pick {
+                            lane: &self.hosts[host].read,
+                            host,
+                            route: RouteLabel::Replica,
+                        });
+                    }
+                    Err(why) => reason = why,
+                }
+            } else {
+                reason = FallbackReason::Token;
+            }
+        }
+        if wanted && token.is_none() && self.settings.fallback == ReplicaFallback::Fail {
+            return Err(Error::new(
+                ErrorKind::NoReplica,
+                "no standby is up within max_replica_lag, and replica_fallback is Fail",
+            )
+            .unsent());
+        }
+        if let Some(metrics) = &self.metrics {
+            if wanted {
+                metrics.fallback(reason);
+            }
+        }
+        let host = self.primary().await?;
+        Ok(Pick {
+            lane: &self.hosts[host].read,
+            host,
+            route: if wanted {
+                RouteLabel::PrimaryFallback
+            } else {
+                RouteLabel::Primary
+            },
+        })
+    }
+
+    /// A standby in rotation (and past `lsn`, if given), round robin.
+    fn standby(&self, exclude: Option<usize>, lsn: Option<u64>) -> Result<usize, FallbackReason> {
+        let n = self.hosts.len();
+        let start = self.next_read.fetch_add(1, Ordering::Relaxed);
+        let mut reason = FallbackReason::NoReplica;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let host = &self.hosts[i];
+            if Some(i) == exclude || !host.standby.load(Ordering::Acquire) {
+                continue;
+            }
+            if !host.in_rotation.load(Ordering::Acquire) {
+                reason = FallbackReason::Lag;
+                continue;
+            }
+            if lsn.is_some_and(|lsn| host.replay_lsn.load(Ordering::Acquire) < lsn) {
+                reason = FallbackReason::Token;
+                continue;
+            }
+            return Ok(i);
+        }
+        Err(reason)
+    }
+
+    /// An exclusive connection's lane, by libpq's target.
+    pub(crate) async fn lane_for(
+        self: &Arc<Self>,
+        target: TargetSessionAttrs,
+    ) -> Result<&Arc<PoolInner>, Error> {
+        use TargetSessionAttrs as T;
+        if let Some(host) = self.single() {
+            return Ok(match target {
+                T::Standby => {
+                    return Err(Error::new(
+                        ErrorKind::NoReplica,
+                        "target_session_attrs=standby, and the pool has one host",
+                    )
+                    .unsent());
+                }
+                T::ReadOnly => &host.read,
+                _ => &host.write,
+            });
+        }
+        self.ensure_monitor();
+        match target {
+            T::ReadWrite | T::Primary => Ok(self.writer().await?.lane),
+            T::ReadOnly => Ok(self.reader(Consistency::Eventual, None).await?.lane),
+            T::Standby => match self.standby(None, None) {
+                Ok(i) => Ok(&self.hosts[i].read),
+                Err(_) => Err(Error::new(
+                    ErrorKind::NoReplica,
+                    "target_session_attrs=standby, and no standby is up within max_replica_lag",
+                )
+                .unsent()),
+            },
+            T::PreferStandby => match self.standby(None, None) {
+                Ok(i) => Ok(&self.hosts[i].read),
+                Err(_) => Ok(self.writer().await?.lane),
+            },
+            T::Any | T::PreferPrimary => match self.elected() {
+                Some(i) => Ok(&self.hosts[i].write),
+                None => match self.standby(None, None) {
+                    Ok(i) => Ok(&self.hosts[i].read),
+                    Err(_) => Ok(self.writer().await?.lane),
+                },
+            },
+        }
+    }
+
+    /// Whether `host` was a standby at the last check.
+    pub(crate) fn is_standby(&self, host: usize) -> bool {
+        self.hosts[host].standby.load(Ordering::Acquire)
+    }
+}
+
+/// Longest a role check may take, connecting included.
+pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);

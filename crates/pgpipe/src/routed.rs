@@ -1,0 +1,97 @@
+//! [`Routed`]: the read handle, whose queries a standby may serve.
+
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::answer::Op;
+use crate::batch::Batch;
+use crate::error::Error;
+use crate::executor;
+use crate::pool::Pool;
+use crate::slow::Slow;
+use crate::target::Consistency;
+
+/// Reads that a standby may serve; from [`Pool::read`] or
+/// [`Pool::read_with`].
+///
+/// Each query goes to a standby within `max_replica_lag` (round robin),
+/// else by the pool's [`ReplicaFallback`](crate::ReplicaFallback). It runs
+/// read-only wherever it lands: a write fails with SQLSTATE 25006, on a
+/// standby and on the primary alike. A read that a standby cancels for a
+/// recovery conflict (40001), or whose standby connection breaks, runs once
+/// more on another host: nothing it did can have been written.
+#[derive(Debug, Clone, Copy)]
+pub struct Routed<'a> {
+    pool: &'a Pool,
+    consistency: Consistency,
+}
+
+impl<'a> Routed<'a> {
+    pub(crate) fn new(pool: &'a Pool, consistency: Consistency) -> Routed<'a> {
+        Routed { pool, consistency }
+    }
+
+    /// As [`Pool::query`], as a read.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::query`], and [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica)
+    /// when no standby fits and the fallback is `Fail`.
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, Error> {
+        let answer = self
+            .pool
+            .run_as(sql, params, Op::Query, false, Some(self.consistency))
+            .await?;
+        Ok(answer.into_rows())
+    }
+
+    /// As [`Pool::query_one`], as a read.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Routed::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount).
+    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
+        executor::exactly_one(self.query(sql, params).await?)
+    }
+
+    /// As [`Pool::query_opt`], as a read.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Routed::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount).
+    pub async fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, Error> {
+        executor::at_most_one(self.query(sql, params).await?)
+    }
+
+    /// As [`Pool::execute`], as a read: a statement that writes fails with
+    /// 25006.
+    ///
+    /// # Errors
+    ///
+    /// As [`query`](Routed::query).
+    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        let answer = self
+            .pool
+            .run_as(sql, params, Op::Execute, false, Some(self.consistency))
+            .await?;
+        Ok(answer.rows_affected())
+    }
+
+    /// An isolated batch of reads, sent together to one host.
+    pub fn batch(&self) -> Batch<'a> {
+        Batch::read(self.pool, self.consistency)
+    }
+
+    /// The same reads, marked slow; see [`Pool::slow`].
+    pub fn slow(&self) -> Slow<'a> {
+        Slow::new(self.pool, Some(self.consistency))
+    }
+}
