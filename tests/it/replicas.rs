@@ -345,3 +345,346 @@ async fn read_your_writes_always_finds_the_row_and_a_plain_read_does_not() {
         token
     );
 }
+
+/// How each write of the failover test ended, and when.
+#[derive(Debug, Default)]
+struct Writes {
+    ok: Vec<(i64, Instant)>,
+    lost: u32,
+    no_primary: Vec<Duration>,
+    other: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_loses_no_acknowledged_write_and_split_brain_gets_none() {
+    // Synchronous replication to s1, the standby that will be promoted:
+    // every acknowledged write is on it. (With asynchronous replication a
+    // crash may lose acknowledged writes whatever the pool does.)
+    let set = replica_set(ReplicaSet::builder(2).primary_setting("synchronous_commit", "on"));
+    let admin = connect(&set.primary.url()).await.unwrap();
+    admin
+        .simple_query("ALTER SYSTEM SET synchronous_standby_names = 's1'")
+        .await
+        .unwrap();
+    admin.simple_query("SELECT pg_reload_conf()").await.unwrap();
+    let registry = Registry::new();
+    let pool = pool_over(&set, &registry)
+        .failover_wait(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let table = unique("failover");
+    pool.execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"), &[])
+        .await
+        .unwrap();
+    let insert = format!("INSERT INTO {table} VALUES ($1)");
+    let running = Arc::new(AtomicU64::new(1));
+    let mut tasks = Vec::new();
+    for task in 0..64i64 {
+        let (pool, insert, running) = (pool.clone(), insert.clone(), Arc::clone(&running));
+        tasks.push(tokio::spawn(async move {
+            let mut writes = Writes::default();
+            let mut i = 0;
+            while running.load(Ordering::Relaxed) == 1 {
+                let id = task * 1_000_000 + i;
+                i += 1;
+                let started = Instant::now();
+                match pool.execute(&insert, &[&id]).await {
+                    Ok(_) => writes.ok.push((id, Instant::now())),
+                    Err(e) if e.kind() == ErrorKind::ConnectionLost => writes.lost += 1,
+                    Err(e) if e.kind() == ErrorKind::NoPrimary => {
+                        writes.no_primary.push(started.elapsed());
+                    }
+                    Err(e) => writes.other.push(e.to_string()),
+                }
+            }
+            writes
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set.primary.stop("immediate").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    set.standbys[0].promote().unwrap();
+    let promoted = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    running.store(0, Ordering::Relaxed);
+    let mut all = Writes::default();
+    for task in tasks {
+        let writes = task.await.unwrap();
+        all.ok.extend(writes.ok);
+        all.lost += writes.lost;
+        all.no_primary.extend(writes.no_primary);
+        all.other.extend(writes.other);
+    }
+    assert!(
+        all.other.is_empty(),
+        "unexpected errors: {:?}",
+        &all.other[..all.other.len().min(5)]
+    );
+    assert!(
+        all.lost <= 64,
+        "more lost than were in flight: {}",
+        all.lost
+    );
+    for waited in &all.no_primary {
+        assert!(
+            *waited >= Duration::from_secs(5),
+            "NoPrimary before failover_wait: {waited:?}"
+        );
+    }
+    let resumed = all
+        .ok
+        .iter()
+        .filter(|(_, at)| *at > promoted)
+        .map(|(_, at)| *at - promoted)
+        .min()
+        .expect("writes resumed after the promotion");
+    assert!(
+        resumed < Duration::from_secs(2),
+        "writes resumed {resumed:?} after the promotion"
+    );
+    // Every acknowledged write is on the new primary.
+    let new_primary = connect(&set.standbys[0].url()).await.unwrap();
+    let ids: Vec<i64> = all.ok.iter().map(|(id, _)| *id).collect();
+    let found: i64 = new_primary
+        .query_one(
+            &format!("SELECT count(*) FROM {table} WHERE id = ANY($1)"),
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        found,
+        ids.len() as i64,
+        "acknowledged writes missing on the new primary"
+    );
+    let scrape = Scrape::of(&registry);
+    assert_eq!(scrape.value("pgpipe_primary_changes_total", &[]), 1.0);
+    notice_counts(&all, resumed);
+
+    // Split brain: the old primary comes back as a primary, on the old
+    // timeline (without the synchronous standby it can no longer have).
+    set.primary
+        .set_in_auto_conf("synchronous_standby_names", "")
+        .unwrap();
+    set.primary.start_server().unwrap();
+    let old = connect(&set.primary.url()).await.unwrap();
+    let before: i64 = old
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut id = 100_000_000i64;
+    while Instant::now() < until {
+        id += 1;
+        pool.execute(&insert, &[&id]).await.unwrap();
+    }
+    let after: i64 = old
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "a write landed on the old primary");
+    let scrape = Scrape::of(&registry);
+    assert!(scrape.value("pgpipe_primary_conflicts_total", &[]) >= 1.0);
+    assert_eq!(scrape.value("pgpipe_primary_changes_total", &[]), 1.0);
+    assert_eq!(
+        scrape.value(
+            "pgpipe_host_role",
+            &[("host", &label(&set.standbys[0])), ("role", "primary")]
+        ),
+        1.0
+    );
+}
+
+fn notice_counts(writes: &Writes, resumed: Duration) {
+    pgpipe_test_support::notice(&format!(
+        "failover: {} acknowledged, {} lost in flight, {} NoPrimary; writes resumed {resumed:?} \
+         after the promotion",
+        writes.ok.len(),
+        writes.lost,
+        writes.no_primary.len()
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_route_that_lands_on_a_reader_is_retried_once_on_the_real_primary() {
+    let set = replica_set(ReplicaSet::builder(2));
+    // The writer endpoint is a name that can move (a proxy here; DNS in a
+    // cloud); the instances are listed too, as a cloud lists them.
+    let writer = pgpipe_proxy::Proxy::builder(set.primary.addr())
+        .start()
+        .unwrap();
+    let writer_url = format!("postgres://postgres@{}/postgres", writer.addr());
+    let registry = Registry::new();
+    let pool = Pool::builder()
+        .primary(&writer_url)
+        .replicas([set.primary.url().as_str(), set.standbys[0].url().as_str()])
+        .max_size(4)
+        .pipelining(true)
+        .registry(&registry)
+        .pool_name(unique("writer_moves"))
+        // No periodic check gets there first: the write finds out.
+        .host_recheck(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    let table = unique("moved");
+    pool.execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"), &[])
+        .await
+        .unwrap();
+    let scrape = Scrape::of(&registry);
+    assert_eq!(
+        scrape.value("pgpipe_primary_conflicts_total", &[]),
+        0.0,
+        "two names for one server are no split brain"
+    );
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    // The writer name now points at a standby; open connections are cut.
+    writer.set_upstream(&set.standbys[0].addr()).unwrap();
+    writer.cut();
+    let n = pool
+        .execute(&format!("INSERT INTO {table} VALUES (1)"), &[])
+        .await
+        .expect("retried on the real primary");
+    assert_eq!(n, 1);
+    let primary = connect(&set.primary.url()).await.unwrap();
+    let on_primary: i64 = primary
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(on_primary, 1, "the acknowledged write is on the primary");
+    // Every later write goes to the real primary straight away.
+    for id in 2..=100i64 {
+        pool.execute(&format!("INSERT INTO {table} VALUES ($1)"), &[&id])
+            .await
+            .unwrap();
+    }
+    let on_primary: i64 = primary
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(on_primary, 100);
+    let scrape = Scrape::of(&registry);
+    assert_eq!(
+        scrape.value("pgpipe_retries_total", &[("reason", "read_only")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.value("pgpipe_role_errors_total", &[("code", "25006")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.value(
+            "pgpipe_host_role",
+            &[("host", &writer.addr().to_string()), ("role", "standby")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_cancelled_by_a_recovery_conflict_runs_once_more_elsewhere_and_its_neighbours_are_untouched()
+ {
+    let set = replica_set(ReplicaSet::builder(2));
+    let registry = Registry::new();
+    let pool = pool_over(&set, &registry).build().unwrap();
+    let table = unique("conflict");
+    let admin = connect(&set.primary.url()).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int8); INSERT INTO {table} SELECT generate_series(1, 1000)"
+        ))
+        .await
+        .unwrap();
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    let long = {
+        let (pool, table) = (pool.clone(), table.clone());
+        tokio::spawn(async move {
+            pool.read()
+                .query_one(
+                    &format!("SELECT count(*), pg_sleep(2.5)::text FROM {table}"),
+                    &[],
+                )
+                .await
+        })
+    };
+    let neighbours: Vec<_> = (0..200i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i.unsigned_abs() * 10)).await;
+                let row = pool.read().query_one("SELECT $1::int8", &[&i]).await?;
+                Ok::<_, pgpipe::Error>(row.get::<_, i64>(0) == i)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The primary removes rows the standby's snapshot still sees: replay
+    // waits max_standby_streaming_delay (1 s), then cancels the read.
+    admin
+        .batch_execute(&format!("DELETE FROM {table}"))
+        .await
+        .unwrap();
+    admin
+        .simple_query(&format!("VACUUM {table}"))
+        .await
+        .unwrap();
+    let row = long.await.unwrap().expect("the read ran again elsewhere");
+    let count: i64 = row.get(0);
+    assert!(count == 1000 || count == 0, "{count}");
+    for neighbour in neighbours {
+        assert!(neighbour.await.unwrap().expect("a neighbour failed"));
+    }
+    let scrape = Scrape::of(&registry);
+    assert_eq!(
+        scrape.value("pgpipe_retries_total", &[("reason", "recovery_conflict")]),
+        1.0
+    );
+    assert_eq!(
+        scrape.value("pgpipe_role_errors_total", &[("code", "40001")]),
+        1.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_promotion_under_reads_in_flight_fails_none_and_counts_a_role_change() {
+    let set = replica_set(ReplicaSet::builder(2));
+    let registry = Registry::new();
+    let pool = pool_over(&set, &registry).build().unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    let reads: Vec<_> = (0..40i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let row = pool
+                    .read()
+                    .query_one("SELECT $1::int8, pg_sleep(1)::text", &[&i])
+                    .await?;
+                Ok::<_, pgpipe::Error>(row.get::<_, i64>(0) == i)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set.standbys[0].promote().unwrap();
+    for read in reads {
+        assert!(read.await.unwrap().expect("a read in flight failed"));
+    }
+    // Reads after it go on, and the promoted host's connections were
+    // retired as a role change, never as session state.
+    for i in 0..100i64 {
+        let row = pool
+            .read()
+            .query_one("SELECT $1::int8", &[&i])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), i);
+    }
+    let scrape = Scrape::of(&registry);
+    let quarantined =
+        |reason: &str| scrape.value("pgpipe_pipeline_quarantined_total", &[("reason", reason)]);
+    assert!(quarantined("role_change") >= 1.0, "the promotion was seen");
+    assert_eq!(quarantined("session_state"), 0.0);
+}

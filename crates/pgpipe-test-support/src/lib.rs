@@ -397,6 +397,21 @@ impl Cluster {
         self.run("pg_ctl", &["-D", &self.data(), "-w", "promote"])
     }
 
+    /// Appends `name = 'value'` to `postgresql.auto.conf`, for the next
+    /// start or reload (what `ALTER SYSTEM` does, while the server is
+    /// down). Settings given to the builder are on the command line and
+    /// win over it.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be written.
+    pub fn set_in_auto_conf(&self, name: &str, value: &str) -> io::Result<()> {
+        use std::io::Write;
+        let path = format!("{}/postgresql.auto.conf", self.data());
+        let mut file = fs::OpenOptions::new().append(true).open(path)?;
+        writeln!(file, "{name} = '{}'", value.replace('\'', "''"))
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(format!("{}/server.log", self.data())).unwrap_or_default()

@@ -9,6 +9,10 @@
 //!   connection to a standby broke: a standby writes nothing, so it runs
 //!   once more on another host.
 //!
+//! - a write that was never sent (its connection could not be opened, or
+//!   broke before it went out) while `failover_wait` lasts: it waits for
+//!   the next primary.
+//!
 //! A write whose connection broke (`ConnectionLost`) may have committed and
 //! is never run again; it only makes the monitor check every host now.
 
@@ -16,6 +20,7 @@ use std::sync::Arc;
 
 use super::Hosts;
 use crate::answer::{Answer, Op};
+use crate::config::deadline_after;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::hosts::{RetryReason, RouteLabel};
 use crate::pool::PoolInner;
@@ -56,10 +61,17 @@ fn role_error(error: &Error) -> Option<&'static str> {
     }
 }
 
+/// Most rounds of checks a write that could not be sent waits through: a
+/// primary that is up but refuses connections (authentication, a full
+/// `max_connections`) fails it with its own error, not after
+/// `failover_wait` of tries.
+const MAX_FAILOVER_WAITS: u32 = 20;
+
 /// Runs `work` on the primary's write lane: once more on the next elected
 /// primary if the host it reached turned out read-only.
 pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer, Error> {
-    let mut retried = false;
+    let (mut retried, mut waits) = (false, 0);
+    let failover_deadline = deadline_after(hosts.settings.failover_wait);
     loop {
         let pick = hosts.writer().await?;
         if let Some(metrics) = &hosts.metrics {
@@ -82,9 +94,22 @@ pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer
                         continue;
                     }
                 }
-                _ if matches!(error.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect) => {
+                // Nothing was sent: the primary may be gone. Within
+                // `failover_wait`, wait for the next one.
+                _ if error.kind() == ErrorKind::Connect || error.is_unsent() => {
                     hosts.recheck();
+                    waits += 1;
+                    if waits <= MAX_FAILOVER_WAITS
+                        && tokio::time::Instant::now() < failover_deadline
+                    {
+                        if let Some(metrics) = &hosts.metrics {
+                            metrics.retry(RetryReason::PrimaryDown);
+                        }
+                        hosts.next_round().await;
+                        continue;
+                    }
                 }
+                _ if error.kind() == ErrorKind::ConnectionLost => hosts.recheck(),
                 _ => {}
             }
         }

@@ -173,13 +173,14 @@ impl Hosts {
         self.timeline.load(Ordering::Acquire)
     }
 
-    /// The primary's host, waiting up to `failover_wait` for one (at least
-    /// one round of checks when none has run yet).
+    /// The primary's host, waiting up to `failover_wait` for one (and for
+    /// the first round of checks, however short `failover_wait` is: that
+    /// is start-up, not a failover).
     pub(crate) async fn primary(self: &Arc<Self>) -> Result<usize, Error> {
         if let Some(i) = self.elected() {
             return Ok(i);
         }
-        self.ensure_monitor();
+        self.first_round().await;
         let deadline = deadline_after(self.settings.failover_wait);
         loop {
             let notified = self.round_done.notified();
@@ -189,22 +190,21 @@ impl Hosts {
                 return Ok(i);
             }
             if self.is_closed() {
-                return Err(Error::new(ErrorKind::Closed, "the pool is closed"));
+                return Err(Error::closed());
             }
-            let first_round = self.rounds.load(Ordering::Acquire) == 0;
-            if !first_round && tokio::time::Instant::now() >= deadline {
-                return Err(self.no_primary());
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.elected().ok_or_else(|| self.no_primary());
             }
-            // Before the first round, wait for it however short
-            // `failover_wait` is: that is start-up, not a failover.
-            let until = if first_round {
-                tokio::time::Instant::now() + CHECK_TIMEOUT * 2
-            } else {
-                deadline
-            };
-            if tokio::time::timeout_at(until, notified).await.is_err() && first_round {
-                return Err(self.no_primary());
-            }
+        }
+    }
+
+    /// Before the first round of checks no role is known: waits for it (at
+    /// most two check timeouts), so that the first reads of a new pool go
+    /// to standbys rather than all to the primary.
+    async fn first_round(self: &Arc<Self>) {
+        if self.rounds.load(Ordering::Acquire) == 0 {
+            self.ensure_monitor();
+            self.round_after(0).await;
         }
     }
 
@@ -213,16 +213,21 @@ impl Hosts {
     pub(crate) async fn next_round(self: &Arc<Self>) {
         self.ensure_monitor();
         let seen = self.rounds.load(Ordering::Acquire);
-        let deadline = tokio::time::Instant::now() + CHECK_TIMEOUT * 2;
         self.recheck();
-        while self.rounds.load(Ordering::Acquire) <= seen {
+        self.round_after(seen).await;
+    }
+
+    /// Waits until more than `seen` rounds have finished, at most two check
+    /// timeouts.
+    async fn round_after(&self, seen: u64) {
+        let deadline = tokio::time::Instant::now() + CHECK_TIMEOUT * 2;
+        loop {
             let notified = self.round_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.rounds.load(Ordering::Acquire) > seen {
-                return;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if self.rounds.load(Ordering::Acquire) > seen
+                || tokio::time::timeout_at(deadline, notified).await.is_err()
+            {
                 return;
             }
         }
@@ -273,6 +278,7 @@ impl Hosts {
         };
         let mut reason = FallbackReason::NoReplica;
         if wanted && self.discovering {
+            self.first_round().await;
             let stale_token =
                 token.is_some_and(|t| self.elected().is_none() || t.timeline != self.timeline());
             if !stale_token {
@@ -357,7 +363,7 @@ impl Hosts {
                 _ => &host.write,
             });
         }
-        self.ensure_monitor();
+        self.first_round().await;
         match target {
             T::ReadWrite | T::Primary => Ok(self.writer().await?.lane),
             T::ReadOnly => Ok(self.reader(Consistency::Eventual, None).await?.lane),

@@ -64,6 +64,9 @@ pub(crate) enum RetryReason {
     RecoveryConflict,
     /// A read's connection to a standby broke.
     ReplicaLost,
+    /// A write could not be sent to the primary (it is down); it waited
+    /// for the next one within `failover_wait`.
+    PrimaryDown,
 }
 
 /// The handles, resolved once.
@@ -199,7 +202,12 @@ impl HostMetrics {
         for reason in ["no_replica", "lag", "token"] {
             metrics.fallbacks.with_label_values(&[reason]);
         }
-        for reason in ["read_only", "recovery_conflict", "replica_lost"] {
+        for reason in [
+            "read_only",
+            "recovery_conflict",
+            "replica_lost",
+            "primary_down",
+        ] {
             metrics.retries.with_label_values(&[reason]);
         }
         for code in ["25006", "0A000", "40001"] {
@@ -257,6 +265,7 @@ impl HostMetrics {
             RetryReason::ReadOnly => "read_only",
             RetryReason::RecoveryConflict => "recovery_conflict",
             RetryReason::ReplicaLost => "replica_lost",
+            RetryReason::PrimaryDown => "primary_down",
         };
         self.retries.with_label_values(&[label]).inc();
     }
