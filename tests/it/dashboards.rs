@@ -9,6 +9,7 @@ use prometheus::proto::MetricType;
 use promql_parser::parser::{self, Expr};
 
 use crate::support::{app, builder, promtool};
+use pgpipe_test_support::{url_with_app, with_param};
 
 fn repo_file(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -108,6 +109,19 @@ async fn exported() -> BTreeSet<String> {
         .build()
         .unwrap();
     pool.query("SELECT 1", &[]).await.unwrap();
+    // A pool that checks host roles exports the host series too.
+    let url = with_param(
+        &url_with_app(&app("dash")),
+        "target_session_attrs",
+        "read-write",
+    );
+    let hosts = pgpipe::Pool::builder()
+        .url(&url)
+        .pool_name("dash-hosts")
+        .registry(&registry)
+        .build()
+        .unwrap();
+    hosts.query("SELECT 1", &[]).await.unwrap();
     let mut names = BTreeSet::new();
     for family in registry.gather() {
         let name = family.name().to_string();
@@ -131,7 +145,7 @@ async fn every_expression_parses_and_names_exported_metrics() {
         "{} dashboard expressions",
         dashboard.len()
     );
-    assert_eq!(rules.len(), 8, "one recording rule and seven alerts");
+    assert_eq!(rules.len(), 12, "one recording rule and eleven alerts");
     // A name with a colon is a recording rule's, defined in the same file.
     let recorded: BTreeSet<String> = rule_lines("record:").into_iter().collect();
     assert_eq!(recorded.len(), 1);
@@ -171,6 +185,16 @@ async fn every_expression_parses_and_names_exported_metrics() {
         "pgpipe_connection_errors_total",
         "pgpipe_pipeline_round_trips_saved_total",
         "pgpipe_build_info",
+        "pgpipe_host_role",
+        "pgpipe_replica_lag_seconds",
+        "pgpipe_replica_in_rotation",
+        "pgpipe_queries_routed_total",
+        "pgpipe_route_fallbacks_total",
+        "pgpipe_retries_total",
+        "pgpipe_role_errors_total",
+        "pgpipe_primary_changes_total",
+        "pgpipe_primary_conflicts_total",
+        "pgpipe_primary_discovery_seconds_bucket",
     ] {
         assert!(used.contains(needed), "no panel shows {needed}");
     }
@@ -200,7 +224,7 @@ fn every_alert_waits_is_per_instance_and_has_a_runbook() {
     let rules = std::fs::read_to_string(repo_file("dashboards/alerts.yml")).unwrap();
     let runbooks = std::fs::read_to_string(repo_file("dashboards/README.md")).unwrap();
     let alerts: Vec<&str> = rules.split("- alert: ").skip(1).collect();
-    assert_eq!(alerts.len(), 7);
+    assert_eq!(alerts.len(), 11);
     let mut critical = Vec::new();
     for alert in alerts {
         let name = alert.lines().next().unwrap().trim();
@@ -223,6 +247,7 @@ fn every_alert_waits_is_per_instance_and_has_a_runbook() {
         let expr = field("expr:");
         assert!(
             expr.contains("by (job, instance, pool)")
+                || expr.contains("by (job, instance, pool, host)")
                 || expr == "pgpipe:database_unreachable"
                 || expr.starts_with("absent("),
             "{name} is not computed per instance: {expr}"
@@ -239,7 +264,11 @@ fn every_alert_waits_is_per_instance_and_has_a_runbook() {
     }
     assert_eq!(
         critical,
-        ["PgpipeDatabaseUnreachable"],
-        "only an unreachable database pages"
+        [
+            "PgpipeDatabaseUnreachable",
+            "PgpipeNoPrimary",
+            "PgpipeSplitBrain"
+        ],
+        "only an unreachable database, no primary, or two primaries page"
     );
 }

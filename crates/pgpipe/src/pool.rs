@@ -129,7 +129,8 @@ impl Pool {
         }
         let metrics = match registry {
             Some(registry) if several || settings.default_target != TargetSessionAttrs::Any => {
-                Some(HostMetrics::register(registry, &setup.name)?)
+                let labels: Vec<&str> = hosts.iter().map(|h| h.label.as_str()).collect();
+                Some(HostMetrics::register(registry, &setup.name, &labels)?)
             }
             _ => None,
         };

@@ -251,6 +251,12 @@ impl Election {
             }
             host.standby.store(standby, Ordering::Release);
             host.in_rotation.store(in_rotation, Ordering::Release);
+            if let Some(metrics) = metrics {
+                if !standby {
+                    metrics.no_lag(&host.label);
+                }
+                metrics.in_rotation(&host.label, in_rotation);
+            }
         }
         // The election itself.
         match primary {

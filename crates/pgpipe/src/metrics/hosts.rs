@@ -76,6 +76,7 @@ pub(crate) struct HostMetrics {
     checks: IntCounterVec,
     lag_seconds: GaugeVec,
     lag_bytes: GaugeVec,
+    in_rotation: IntGaugeVec,
     pub(crate) primary_changes: IntCounter,
     pub(crate) discovery: Histogram,
     pub(crate) conflicts: IntCounter,
@@ -87,7 +88,11 @@ pub(crate) struct HostMetrics {
 
 impl HostMetrics {
     /// Makes and registers them.
-    pub(crate) fn register(registry: &Registry, pool: &str) -> Result<HostMetrics, Error> {
+    pub(crate) fn register(
+        registry: &Registry,
+        pool: &str,
+        hosts: &[&str],
+    ) -> Result<HostMetrics, Error> {
         let labels = Labels::pool(pool);
         let fail = |e: prometheus::Error| {
             Error::config(format!(
@@ -125,6 +130,14 @@ impl HostMetrics {
                 o(
                     "replica_lag_bytes",
                     "WAL bytes between the primary's position and this standby's replay.",
+                ),
+                &["host"],
+            )
+            .map_err(fail)?,
+            in_rotation: IntGaugeVec::new(
+                o(
+                    "replica_in_rotation",
+                    "1 for a standby that serves reads (up, within max_replica_lag), else 0.",
                 ),
                 &["host"],
             )
@@ -189,6 +202,7 @@ impl HostMetrics {
             Box::new(metrics.checks.clone()),
             Box::new(metrics.lag_seconds.clone()),
             Box::new(metrics.lag_bytes.clone()),
+            Box::new(metrics.in_rotation.clone()),
             Box::new(metrics.primary_changes.clone()),
             Box::new(metrics.discovery.clone()),
             Box::new(metrics.conflicts.clone()),
@@ -198,6 +212,15 @@ impl HostMetrics {
             Box::new(metrics.retries.clone()),
         ] {
             registry.register(collector).map_err(fail)?;
+        }
+        // Every host has its series from the start: unknown role, lag not
+        // measured (NaN: no comparison with it is true), out of rotation.
+        for host in hosts {
+            metrics.role(host, RoleLabel::Unknown);
+            metrics.checks.with_label_values(&[host, "ok"]);
+            metrics.checks.with_label_values(&[host, "error"]);
+            metrics.no_lag(host);
+            metrics.in_rotation.with_label_values(&[host]).set(0);
         }
         for reason in ["no_replica", "lag", "token"] {
             metrics.fallbacks.with_label_values(&[reason]);
@@ -236,6 +259,18 @@ impl HostMetrics {
     pub(crate) fn lag(&self, host: &str, seconds: f64, bytes: u64) {
         self.lag_seconds.with_label_values(&[host]).set(seconds);
         self.lag_bytes.with_label_values(&[host]).set(bytes as f64);
+    }
+
+    /// A host that is no standby has no lag.
+    pub(crate) fn no_lag(&self, host: &str) {
+        self.lag_seconds.with_label_values(&[host]).set(f64::NAN);
+        self.lag_bytes.with_label_values(&[host]).set(f64::NAN);
+    }
+
+    pub(crate) fn in_rotation(&self, host: &str, serving: bool) {
+        self.in_rotation
+            .with_label_values(&[host])
+            .set(i64::from(serving));
     }
 
     pub(crate) fn routed(&self, route: RouteLabel) {

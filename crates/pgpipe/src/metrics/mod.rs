@@ -260,9 +260,11 @@ pub(crate) struct Metrics {
     quarantined_vec: IntCounterVec,
 }
 
-/// The constant labels of one pool's series: `pool`, and in a pool of
-/// several hosts (or with a read lane) `host` (the configured `host:port`)
-/// and `lane` (`write` or `read`).
+/// The `pool` label of one lane's series. Every pgpipe series has the
+/// same label names whatever the pool (a registry refuses one name with
+/// two sets), so a lane other than a one-host pool's write lane is told
+/// apart in the value: `orders` (the write lane), `orders/read` (its read
+/// lane), and with several hosts `orders@db1:5432`, `orders@db1:5432/read`.
 #[derive(Debug, Clone)]
 pub(crate) struct Labels {
     pub(crate) pool: String,
@@ -280,41 +282,36 @@ impl Labels {
         }
     }
 
-    fn map(&self) -> std::collections::HashMap<String, String> {
-        let mut labels = std::collections::HashMap::from([("pool".into(), self.pool.clone())]);
+    fn value(&self) -> String {
+        let mut value = self.pool.clone();
         if let Some(host) = &self.host {
-            labels.insert("host".into(), host.clone());
+            value.push('@');
+            value.push_str(host);
         }
-        if let Some(lane) = self.lane {
-            labels.insert("lane".into(), lane.into());
+        if let Some(lane) = self.lane.filter(|&lane| lane != "write") {
+            value.push('/');
+            value.push_str(lane);
         }
-        labels
+        value
     }
 }
 
 impl std::fmt::Display for Labels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.pool)?;
-        if let Some(host) = &self.host {
-            write!(f, " host {host}")?;
-        }
-        if let Some(lane) = self.lane {
-            write!(f, " ({lane} lane)")?;
-        }
-        Ok(())
+        f.write_str(&self.value())
     }
 }
 
 fn opts(name: &str, help: &str, pool: &Labels) -> Opts {
     Opts::new(name, help)
         .namespace(NAMESPACE)
-        .const_labels(pool.map())
+        .const_label("pool", pool.value())
 }
 
 fn histogram(name: &str, help: &str, pool: &Labels, buckets: &[f64]) -> HistogramOpts {
     HistogramOpts::new(name, help)
         .namespace(NAMESPACE)
-        .const_labels(pool.map())
+        .const_label("pool", pool.value())
         .buckets(buckets.to_vec())
 }
 
