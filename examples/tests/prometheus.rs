@@ -76,6 +76,11 @@ fn dashboard_queries() -> Vec<(String, String, String)> {
     let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
     let mut queries = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
+        // The row for pools with replicas: the example service has one
+        // server (tests/it/dashboards.rs checks that its series exist).
+        if panel["type"] == "row" && panel["title"].as_str().unwrap_or("").starts_with("Hosts") {
+            break;
+        }
         let unit = panel["fieldConfig"]["defaults"]["unit"]
             .as_str()
             .unwrap_or_default();

@@ -79,6 +79,43 @@ pub(crate) struct Setup {
     pub(crate) tls: Tls,
 }
 
+/// Everything one lane is made from; a read lane is made at its first use,
+/// so a pool that never reads through [`Pool::read`] opens and exports
+/// nothing for it.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneRecipe {
+    server: tokio_postgres::Config,
+    config: PoolConfig,
+    labels: Labels,
+    registry: Option<prometheus::Registry>,
+    tls: Tls,
+    /// Whether this lane exports the pool's `pgpipe_build_info` (one per pool).
+    build_info: bool,
+}
+
+impl LaneRecipe {
+    pub(crate) fn make(&self) -> Result<Arc<PoolInner>, Error> {
+        PoolInner::new(self.clone())
+    }
+
+    /// Makes the lane; if its metrics cannot be registered (another pool
+    /// took its name in the registry since), without them.
+    pub(crate) fn make_or_without_metrics(&self) -> Arc<PoolInner> {
+        self.make().unwrap_or_else(|_error| {
+            crate::trace::pool_warn!(
+                pool = %self.labels,
+                error = %_error,
+                "a read lane's metrics could not be registered; it runs without them"
+            );
+            PoolInner::new(LaneRecipe {
+                registry: None,
+                ..self.clone()
+            })
+            .expect("a lane without metrics is always made")
+        })
+    }
+}
+
 /// One configured server: its `host:port` label and how to reach it.
 #[derive(Debug, Clone)]
 pub(crate) struct Endpoint {
@@ -104,18 +141,28 @@ impl Pool {
         settings: HostSettings,
     ) -> Result<Pool, Error> {
         let several = endpoints.len() > 1;
-        let registry = setup.registry.as_ref();
         let mut hosts = Vec::with_capacity(endpoints.len());
-        for endpoint in endpoints {
-            let labels = |lane: &'static str| Labels {
-                pool: setup.name.clone(),
-                host: several.then(|| endpoint.label.clone()),
-                lane: (several || lane == "read").then_some(lane),
+        for (i, endpoint) in endpoints.into_iter().enumerate() {
+            let recipe = |server, config, lane: &'static str| LaneRecipe {
+                server,
+                config,
+                labels: Labels {
+                    pool: setup.name.clone(),
+                    host: several.then(|| endpoint.label.clone()),
+                    lane: Some(lane),
+                },
+                registry: setup.registry.clone(),
+                tls: setup.tls.clone(),
+                build_info: i == 0 && lane == "write",
             };
-            let lane = |server, config, lane| {
-                PoolInner::new(server, config, labels(lane), registry, &setup)
-            };
+            let mut write_config = config.clone();
+            // With several hosts, connections open on demand: idle ones
+            // kept on every host would mostly wait on standbys' write lanes.
+            if several {
+                write_config.min_idle = 0;
+            }
             let mut read_config = config.clone();
+            read_config.min_idle = 0;
             if endpoint.read_after_connect {
                 let set = "SET default_transaction_read_only = on";
                 read_config.after_connect = Some(match &config.after_connect {
@@ -123,10 +170,11 @@ impl Pool {
                     None => set.to_owned(),
                 });
             }
-            let write = lane(endpoint.write, config.clone(), "write")?;
-            let read = lane(endpoint.read, read_config, "read")?;
+            let write = recipe(endpoint.write, write_config, "write").make()?;
+            let read = recipe(endpoint.read, read_config, "read");
             hosts.push(Host::new(endpoint.label, write, read));
         }
+        let registry = setup.registry.as_ref();
         let metrics = match registry {
             Some(registry) if several || settings.default_target != TargetSessionAttrs::Any => {
                 let labels: Vec<&str> = hosts.iter().map(|h| h.label.as_str()).collect();
@@ -375,9 +423,7 @@ impl Pool {
     /// close when they do.
     pub fn close(&self) {
         for inner in self.lanes() {
-            inner.router.close();
-            inner.exclusive.close();
-            inner.pg.close();
+            inner.close();
         }
     }
 
@@ -461,12 +507,12 @@ impl Pool {
         &self.hosts
     }
 
-    /// Every lane of every host.
+    /// Every lane of every host (the read lanes made so far).
     fn lanes(&self) -> impl Iterator<Item = &Arc<PoolInner>> {
         self.hosts
             .hosts
             .iter()
-            .flat_map(|host| [&host.write, &host.read])
+            .flat_map(|host| std::iter::once(&host.write).chain(host.read_made()))
     }
 }
 
@@ -475,15 +521,17 @@ const TOKEN_SQL: &str = "SELECT ('x' || substr(pg_walfile_name(pg_current_wal_in
      (pg_current_wal_insert_lsn() - '0/0')::int8";
 
 impl PoolInner {
-    /// Makes one lane: connections to `server`, counted under `labels`.
-    fn new(
-        server: tokio_postgres::Config,
-        config: PoolConfig,
-        labels: Labels,
-        registry: Option<&prometheus::Registry>,
-        setup: &Setup,
-    ) -> Result<Arc<PoolInner>, Error> {
-        let metrics = match registry {
+    /// Makes one lane.
+    fn new(recipe: LaneRecipe) -> Result<Arc<PoolInner>, Error> {
+        let LaneRecipe {
+            server,
+            config,
+            labels,
+            registry,
+            tls,
+            build_info,
+        } = recipe;
+        let metrics = match &registry {
             Some(_) => Some(Arc::new(Metrics::new(&labels).map_err(|e| {
                 Error::config(format!("invalid metrics for pool \"{labels}\": {e}"))
             })?)),
@@ -495,7 +543,7 @@ impl PoolInner {
             statement_cache_capacity: config.statement_cache_capacity,
             max_lifetime: config.max_lifetime,
             wire: Arc::clone(&wire),
-            tls: setup.tls.clone(),
+            tls,
             after_connect: config.after_connect.as_deref().map(Arc::from),
             behind: match (
                 config.pooler.is_transaction(),
@@ -544,18 +592,25 @@ impl PoolInner {
             wire,
             metrics,
             housekeeping: AtomicBool::new(false),
-            name: setup.name.clone(),
+            name: labels.pool.clone(),
         });
         // Inside a runtime, `min_idle` connections open now, not at first use.
         if inner.config.min_idle > 0 && tokio::runtime::Handle::try_current().is_ok() {
             housekeeping::start(&inner);
         }
-        if let (Some(registry), Some(metrics)) = (registry, &inner.metrics) {
+        if let (Some(registry), Some(metrics)) = (&registry, &inner.metrics) {
             let pool = Arc::downgrade(&inner);
             let snapshot = Box::new(move || pool.upgrade().map(|pool| pool.snapshot()));
-            metrics::register(registry, snapshot, metrics, &labels)?;
+            metrics::register(registry, snapshot, metrics, &labels, build_info)?;
         }
         Ok(inner)
+    }
+
+    /// Closes the lane; see [`Pool::close`].
+    pub(crate) fn close(&self) {
+        self.router.close();
+        self.exclusive.close();
+        self.pg.close();
     }
 
     /// How its connections are opened.

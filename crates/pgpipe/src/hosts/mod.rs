@@ -19,8 +19,8 @@ pub(crate) mod dispatch;
 mod lag;
 
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -29,7 +29,7 @@ use crate::config::deadline_after;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::HostMetrics;
 use crate::metrics::hosts::{FallbackReason, RouteLabel};
-use crate::pool::PoolInner;
+use crate::pool::{LaneRecipe, PoolInner};
 use crate::sync::lock;
 use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs};
 
@@ -44,7 +44,9 @@ pub(crate) struct Host {
     /// `host:port` as configured: its `host` label.
     pub(crate) label: String,
     pub(crate) write: Arc<PoolInner>,
-    pub(crate) read: Arc<PoolInner>,
+    /// Made at its first use: see [`Hosts::read_lane`].
+    read: OnceLock<Arc<PoolInner>>,
+    read_recipe: LaneRecipe,
     /// A standby within the lag bound, up at the last check.
     in_rotation: AtomicBool,
     /// Known to be a standby at the last check.
@@ -56,16 +58,22 @@ pub(crate) struct Host {
 }
 
 impl Host {
-    pub(crate) fn new(label: String, write: Arc<PoolInner>, read: Arc<PoolInner>) -> Host {
+    pub(crate) fn new(label: String, write: Arc<PoolInner>, read: LaneRecipe) -> Host {
         Host {
             label,
             write,
-            read,
+            read: OnceLock::new(),
+            read_recipe: read,
             in_rotation: AtomicBool::new(false),
             standby: AtomicBool::new(false),
             replay_lsn: AtomicU64::new(0),
             last_seen: std::sync::Mutex::new("not checked yet".into()),
         }
+    }
+
+    /// Its read lane, if one was made.
+    pub(crate) fn read_made(&self) -> Option<&Arc<PoolInner>> {
+        self.read.get()
     }
 }
 
@@ -118,7 +126,6 @@ impl Hosts {
         let trigger = Arc::new(Notify::new());
         for host in &hosts {
             host.write.wire().on_role_change(Arc::clone(&trigger));
-            host.read.wire().on_role_change(Arc::clone(&trigger));
         }
         Hosts {
             primary: AtomicUsize::new(if discovering { NONE } else { 0 }),
@@ -133,6 +140,21 @@ impl Hosts {
             settings,
             metrics,
         }
+    }
+
+    /// The read lane of host `i`, made at its first use (closed at once if
+    /// the pool was closed meanwhile).
+    pub(crate) fn read_lane(&self, i: usize) -> &Arc<PoolInner> {
+        let host = &self.hosts[i];
+        let lane = host.read.get_or_init(|| {
+            let lane = host.read_recipe.make_or_without_metrics();
+            lane.wire().on_role_change(Arc::clone(&self.trigger));
+            lane
+        });
+        if self.is_closed() {
+            lane.close();
+        }
+        lane
     }
 
     /// The one host of a pool that checks no roles.
@@ -285,7 +307,7 @@ impl Hosts {
                 match self.standby(exclude, token.map(|t| t.lsn)) {
                     Ok(host) => {
                         return Ok(Pick {
-                            lane: &self.hosts[host].read,
+                            lane: self.read_lane(host),
                             host,
                             route: RouteLabel::Replica,
                         });
@@ -310,7 +332,7 @@ impl Hosts {
         }
         let host = self.primary().await?;
         Ok(Pick {
-            lane: &self.hosts[host].read,
+            lane: self.read_lane(host),
             host,
             route: if wanted {
                 RouteLabel::PrimaryFallback
@@ -359,7 +381,7 @@ impl Hosts {
                     )
                     .unsent());
                 }
-                T::ReadOnly => &host.read,
+                T::ReadOnly => self.read_lane(0),
                 _ => &host.write,
             });
         }
@@ -368,7 +390,7 @@ impl Hosts {
             T::ReadWrite | T::Primary => Ok(self.writer().await?.lane),
             T::ReadOnly => Ok(self.reader(Consistency::Eventual, None).await?.lane),
             T::Standby => match self.standby(None, None) {
-                Ok(i) => Ok(&self.hosts[i].read),
+                Ok(i) => Ok(self.read_lane(i)),
                 Err(_) => Err(Error::new(
                     ErrorKind::NoReplica,
                     "target_session_attrs=standby, and no standby is up within max_replica_lag",
@@ -376,13 +398,13 @@ impl Hosts {
                 .unsent()),
             },
             T::PreferStandby => match self.standby(None, None) {
-                Ok(i) => Ok(&self.hosts[i].read),
+                Ok(i) => Ok(self.read_lane(i)),
                 Err(_) => Ok(self.writer().await?.lane),
             },
             T::Any | T::PreferPrimary => match self.elected() {
                 Some(i) => Ok(&self.hosts[i].write),
                 None => match self.standby(None, None) {
-                    Ok(i) => Ok(&self.hosts[i].read),
+                    Ok(i) => Ok(self.read_lane(i)),
                     Err(_) => Ok(self.writer().await?.lane),
                 },
             },

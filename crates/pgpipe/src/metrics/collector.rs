@@ -148,6 +148,7 @@ pub(crate) fn register(
     snapshot: SnapshotFn,
     metrics: &Arc<Metrics>,
     name: &Labels,
+    build_info: bool,
 ) -> Result<(), Error> {
     let fail = |e: prometheus::Error| {
         Error::config(format!(
@@ -168,7 +169,6 @@ pub(crate) fn register(
     build.set(1);
     let mut collectors: Vec<Box<dyn Collector>> = vec![
         Box::new(state),
-        Box::new(build),
         Box::new(metrics.queries_vec.clone()),
         Box::new(metrics.checkouts_vec.clone()),
         Box::new(metrics.pooler_errors_vec.clone()),
@@ -191,6 +191,9 @@ pub(crate) fn register(
         Box::new(metrics.wire.round_trips_saved.clone()),
         Box::new(metrics.wire.latency_saved.clone()),
     ];
+    if build_info {
+        collectors.push(Box::new(build));
+    }
     for collector in collectors.drain(..) {
         registry.register(collector).map_err(fail)?;
     }
