@@ -15,6 +15,7 @@
 //! (`--chart`). `--help` lists every option.
 
 mod pgbench;
+mod replicas;
 mod report;
 mod sysstat;
 mod targets;
@@ -55,6 +56,10 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      connections) pgpipe declared for it against deadpool-postgres with
                      query_typed; pgpipe through session mode; pgpipe direct. Give it
                      before --targets
+  --replicas         a primary and two streaming standbys of the benchmark's own, a proxy in
+                     front of each: read throughput through pool.read() with 0, 1 and 2
+                     standbys, and execute_tracked's cost per write (--delays-us, --tasks,
+                     --rounds, --duration apply)
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
   --routing R        pgpipe: spread or fill
@@ -76,6 +81,8 @@ struct Plan {
     pgbench: Option<Duration>,
     /// Through a PgBouncer 1.18 of the benchmark's own, in transaction mode.
     pgbouncer: bool,
+    /// The `--replicas` tables instead of the comparison.
+    replicas: bool,
     smoke: bool,
     out: PathBuf,
     chart: PathBuf,
@@ -95,6 +102,7 @@ impl Plan {
             targets: Kind::ALL.to_vec(),
             pgbench: Some(Duration::from_secs(2)),
             pgbouncer: false,
+            replicas: false,
             smoke: false,
             out: PathBuf::from("bench-results/results.jsonl"),
             chart: PathBuf::from("bench-results/throughput.svg"),
@@ -161,6 +169,11 @@ impl Plan {
                 "--pgbouncer" => {
                     plan.pgbouncer = true;
                     plan.targets = Kind::THROUGH_PGBOUNCER.to_vec();
+                    plan.pgbench = None;
+                }
+                "--replicas" => {
+                    plan.replicas = true;
+                    plan.tasks = vec![512];
                     plan.pgbench = None;
                 }
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
@@ -256,7 +269,12 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(&plan, &server, &args).await {
+    let ran = if plan.replicas {
+        replicas::run(&plan).await
+    } else {
+        run(&plan, &server, &args).await
+    };
+    match ran {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
