@@ -79,6 +79,40 @@ async fn the_pool_and_its_slow_handle_are_executors() {
 }
 
 #[tokio::test]
+async fn the_read_handle_is_an_executor_that_reads_and_refuses_writes() {
+    let (table, pool) = setup().await;
+    assert_eq!(deposit(&pool, &table, 1, 5).await.unwrap(), 5);
+    lookups(&pool.read(), &table).await.unwrap();
+    lookups(&pool.read().slow(), &table).await.unwrap();
+    // One server, no standby: reads use its read-only connections, so a
+    // write through the read handle fails as it would on a standby.
+    let error = deposit(&pool.read(), &table, 1, 5).await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
+    );
+    let (select, update) = (
+        format!("SELECT balance FROM {table} WHERE id = 1"),
+        format!("UPDATE {table} SET balance = 0"),
+    );
+    let mut batch = pool.read().batch();
+    batch.query(&select, &[]);
+    batch.execute(&update, &[]);
+    let results = batch.run().await.unwrap();
+    assert!(results[0].is_ok());
+    assert_eq!(
+        results[1].as_ref().unwrap_err().code(),
+        Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION)
+    );
+    assert_eq!(
+        deposit(&pool, &table, 1, 0).await.unwrap(),
+        5,
+        "nothing was written"
+    );
+    teardown(&table).await;
+}
+
+#[tokio::test]
 async fn an_exclusive_connection_is_an_executor_and_caches_statements() {
     let (table, pool) = setup().await;
     let conn = pool.get().await.unwrap();

@@ -688,3 +688,59 @@ async fn a_promotion_under_reads_in_flight_fails_none_and_counts_a_role_change()
     assert!(quarantined("role_change") >= 1.0, "the promotion was seen");
     assert_eq!(quarantined("session_state"), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_new_write() {
+    let set = replica_set(ReplicaSet::builder(2));
+    let registry = Registry::new();
+    let pool = pool_over(&set, &registry)
+        .host_recheck(Duration::from_millis(250))
+        .failover_wait(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let table = unique("diverged");
+    pool.execute(
+        &format!("CREATE TABLE {table} (id int8 PRIMARY KEY, pad text)"),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    let (promoted, diverged) = (&set.standbys[0], &set.standbys[1]);
+    // s1 stops; the primary writes on, and only s2 receives it: s2 ends up
+    // ahead of s1 on the old timeline.
+    promoted.stop("fast").unwrap();
+    let insert = format!("INSERT INTO {table} VALUES ($1, repeat('x', 200))");
+    for id in 0..3000i64 {
+        pool.execute(&insert, &[&id]).await.unwrap();
+    }
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    set.primary.stop("immediate").unwrap();
+    promoted.start_server().unwrap();
+    promoted.promote().unwrap();
+    // Writes on the new timeline, each read back with its token. s2's
+    // replay position is far past them (on the old timeline), and it has
+    // none of them.
+    let select = format!("SELECT id FROM {table} WHERE id = $1");
+    for id in 10_000..10_050i64 {
+        let (_, token) = pool.execute_tracked(&insert, &[&id]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let found = pool
+            .read_with(Consistency::AtLeast(token))
+            .query_opt(&select, &[&id])
+            .await
+            .unwrap();
+        assert!(
+            found.is_some(),
+            "{id} ({token}) missing: read on the diverged standby"
+        );
+    }
+    let scrape = Scrape::of(&registry);
+    assert_eq!(
+        scrape.value(
+            "pgpipe_host_role",
+            &[("host", &label(diverged)), ("role", "standby")]
+        ),
+        1.0
+    );
+}

@@ -9,10 +9,12 @@ use crate::answer::{Answer, Op};
 use crate::error::Error;
 use crate::exclusive::{Connection, Transaction};
 use crate::pool::Pool;
+use crate::routed::Routed;
 use crate::slow::Slow;
 
 /// Runs queries: implemented by [`Pool`] (pipelined, with pipelining on),
-/// [`Connection`] (an exclusive checkout), [`Transaction`] and [`Slow`].
+/// [`Connection`] (an exclusive checkout), [`Transaction`], [`Slow`] and
+/// [`Routed`] (reads, from [`Pool::read`]).
 ///
 /// tokio-postgres' own `GenericClient` is sealed, and covers neither a pool
 /// nor pgpipe's statement cache. Every implementation here prepares each
@@ -110,6 +112,17 @@ impl Executor for Slow<'_> {
 
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
         Slow::execute(self, sql, params).await
+    }
+}
+
+#[async_trait]
+impl Executor for Routed<'_> {
+    async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, Error> {
+        Routed::query(self, sql, params).await
+    }
+
+    async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        Routed::execute(self, sql, params).await
     }
 }
 

@@ -224,7 +224,14 @@ impl Election {
         let primary_seen = primary.and_then(|i| seen[i].as_ref().ok());
         if let Some(p) = primary_seen {
             if p.timeline != self.timeline {
+                // A new timeline: positions from before it say nothing.
                 self.samples.clear();
+                if self.timeline != 0 {
+                    for host in hosts.hosts.iter() {
+                        let replayed = host.replay_lsn.load(Ordering::Acquire);
+                        host.token_floor.store(replayed + 1, Ordering::Release);
+                    }
+                }
                 self.timeline = p.timeline;
             }
             self.samples.push(now, p.lsn);

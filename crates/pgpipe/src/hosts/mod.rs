@@ -53,6 +53,12 @@ pub(crate) struct Host {
     standby: AtomicBool,
     /// Its replay position at the last check (standbys).
     replay_lsn: AtomicU64,
+    /// A replay position it must pass before it serves a read-your-writes
+    /// token: just past where it was when the primary's timeline changed.
+    /// A standby still on the old timeline (one that was ahead of the
+    /// promoted one, and so diverged) never moves, so its old position,
+    /// however high, never vouches for a write on the new timeline.
+    token_floor: AtomicU64,
     /// What the last check found, for error messages.
     last_seen: std::sync::Mutex<String>,
 }
@@ -67,6 +73,7 @@ impl Host {
             in_rotation: AtomicBool::new(false),
             standby: AtomicBool::new(false),
             replay_lsn: AtomicU64::new(0),
+            token_floor: AtomicU64::new(0),
             last_seen: std::sync::Mutex::new("not checked yet".into()),
         }
     }
@@ -357,7 +364,9 @@ impl Hosts {
                 reason = FallbackReason::Lag;
                 continue;
             }
-            if lsn.is_some_and(|lsn| host.replay_lsn.load(Ordering::Acquire) < lsn) {
+            let replayed = host.replay_lsn.load(Ordering::Acquire);
+            let floor = host.token_floor.load(Ordering::Acquire);
+            if lsn.is_some_and(|lsn| replayed < lsn.max(floor)) {
                 reason = FallbackReason::Token;
                 continue;
             }
