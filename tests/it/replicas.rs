@@ -486,15 +486,37 @@ async fn failover_under_load_loses_no_acknowledged_write_and_split_brain_gets_no
         .unwrap()
         .get(0);
     assert_eq!(before, after, "a write landed on the old primary");
+    // The new primary goes away too: the old one, on the lower timeline,
+    // is the only writable server left, and still gets nothing.
+    set.standbys[0].stop("immediate").unwrap();
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        id += 1;
+        let error = pool.execute(&insert, &[&id]).await.unwrap_err();
+        assert!(
+            matches!(
+                error.kind(),
+                ErrorKind::NoPrimary | ErrorKind::ConnectionLost | ErrorKind::Connect
+            ),
+            "{error}"
+        );
+    }
+    let after: i64 = old
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "a write landed on the lower timeline");
     let scrape = Scrape::of(&registry);
     assert!(scrape.value("pgpipe_primary_conflicts_total", &[]) >= 1.0);
     assert_eq!(scrape.value("pgpipe_primary_changes_total", &[]), 1.0);
     assert_eq!(
         scrape.value(
             "pgpipe_host_role",
-            &[("host", &label(&set.standbys[0])), ("role", "primary")]
+            &[("host", &label(&set.primary)), ("role", "primary")]
         ),
-        1.0
+        1.0,
+        "seen writable, never elected"
     );
 }
 
@@ -743,4 +765,32 @@ async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_new_write() {
         ),
         1.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_the_pool_ends_writes_waiting_for_a_primary_at_once() {
+    let set = replica_set(ReplicaSet::builder(2));
+    let pool = pool_over(&set, &Registry::new())
+        .failover_wait(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    set.primary.stop("immediate").unwrap();
+    let waiting = {
+        let pool = pool.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let result = pool.execute("SELECT 1", &[]).await;
+            (result, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pool.close();
+    let (result, waited) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the write ended")
+        .unwrap();
+    assert_eq!(result.unwrap_err().kind(), ErrorKind::Closed);
+    assert!(waited < Duration::from_secs(3), "{waited:?}");
+    assert!(pool.close_and_wait(Duration::from_secs(5)).await);
 }

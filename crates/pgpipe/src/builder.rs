@@ -95,7 +95,12 @@ impl PoolBuilder {
         self.replicas = urls
             .into_iter()
             .map(|url| match crate::target::take_target(url) {
-                Ok((url, _)) => parse(&url),
+                Ok((url, None)) => parse(&url),
+                Ok((_, Some(_))) => Err(
+                    "target_session_attrs belongs to the primary's URL (or .url()), not to a \
+                     replica's: the pool routes to replicas by role"
+                        .to_owned(),
+                ),
                 Err(e) => Err(e.to_string()),
             })
             .collect();
@@ -375,6 +380,9 @@ impl PoolBuilder {
     /// string does not parse, or the settings do not fit together (see
     /// [`PoolConfig`]).
     pub fn build(self) -> Result<Pool, Error> {
+        if let Some(Err(message)) = &self.target {
+            return Err(Error::config(message.clone()));
+        }
         let mut server = match self.server {
             None => return Err(Error::config("no server given: call .url() or .config()")),
             Some(Err(message)) => return Err(Error::new(ErrorKind::Config, message)),
@@ -434,6 +442,15 @@ impl PoolBuilder {
         let mut servers = vec![server.clone()];
         for replica in self.replicas {
             let mut replica = replica.map_err(Error::config)?;
+            if replica.get_hosts().is_empty() && replica.get_hostaddrs().is_empty() {
+                return Err(Error::config("a replica's connection string names no host"));
+            }
+            if replica.get_ssl_mode() == SslMode::Require && !self.tls.is_configured() {
+                return Err(Error::config(
+                    "a replica's sslmode=require needs TLS: give the builder a rustls \
+                     ClientConfig with .tls() (feature `rustls`)",
+                ));
+            }
             if replica.get_connect_timeout().is_none() {
                 replica.connect_timeout(self.config.connect_timeout);
             }
@@ -516,6 +533,12 @@ fn split_hosts(
     let addrs = server.get_hostaddrs();
     let ports = server.get_ports();
     let count = hosts.len().max(addrs.len());
+    if ports.len() > 1 && ports.len() != count {
+        return Err(Error::config(format!(
+            "{} ports for {count} hosts: give one port for every host, or one for all",
+            ports.len()
+        )));
+    }
     let mut endpoints = Vec::with_capacity(count);
     for i in 0..count {
         let mut one = without_hosts(server);
@@ -561,6 +584,7 @@ fn split_hosts(
             write: one,
             read,
             read_after_connect: read_only == ReadOnly::AfterConnect,
+            read_only: read_only != ReadOnly::NotEnforced,
         });
     }
     Ok(endpoints)
@@ -665,6 +689,43 @@ mod tests {
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Config);
         assert!(!error.to_string().contains("sentinel-pw"));
+    }
+
+    #[test]
+    fn replica_settings_are_checked_at_build() {
+        let url = "postgres://u@127.0.0.1/db";
+        let cases: Vec<PoolBuilder> = vec![
+            Pool::builder()
+                .url(url)
+                .replicas(["postgres://u@127.0.0.2/db?target_session_attrs=standby"]),
+            Pool::builder().url(url).replicas(["postgres:///db"]),
+            Pool::builder()
+                .url(url)
+                .replicas(["postgres://u@127.0.0.2/db?sslmode=require"]),
+            Pool::builder()
+                .url(url)
+                .replicas(["postgres://u@127.0.0.1/db"]),
+            Pool::builder()
+                .url(url)
+                .host_recheck(Duration::from_millis(1)),
+            Pool::builder().url("postgres://u@a,b/db?target_session_attrs=nope"),
+            Pool::builder().url("postgres://u@a:1,b:2,c:3/db?port=1,2"),
+        ];
+        for builder in cases {
+            let debug = format!("{builder:?}");
+            let error = builder.build().expect_err(&debug);
+            assert_eq!(error.kind(), ErrorKind::Config, "{debug}: {error}");
+        }
+        let error = Pool::builder()
+            .url("postgres://u@a/db?target_session_attrs=nope")
+            .build()
+            .unwrap_err();
+        assert!(error.to_string().contains("nope"), "{error}");
+        Pool::builder()
+            .url("postgres://u@a:1,b:2/db?target_session_attrs=prefer-standby")
+            .replicas(["postgres://u@c:3/db"])
+            .build()
+            .unwrap();
     }
 
     #[test]

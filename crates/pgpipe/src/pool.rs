@@ -24,7 +24,7 @@ use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
 use crate::error::ErrorKind;
 use crate::exclusive::{Connection, Exclusive, Holder};
-use crate::hosts::dispatch::{self, Query};
+use crate::hosts::dispatch::{self, MAX_FAILOVER_WAITS, Query};
 use crate::hosts::{Host, HostSettings, Hosts};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
 use crate::metrics::{HostMetrics, Labels};
@@ -126,6 +126,9 @@ pub(crate) struct Endpoint {
     /// Whether the read lane's sessions are made read-only with a `SET`
     /// (through a session pooler, which refuses start-up `options`).
     pub(crate) read_after_connect: bool,
+    /// Whether the read lane's sessions are read-only at all (not behind a
+    /// transaction pooler).
+    pub(crate) read_only: bool,
 }
 
 impl Pool {
@@ -141,6 +144,7 @@ impl Pool {
         settings: HostSettings,
     ) -> Result<Pool, Error> {
         let several = endpoints.len() > 1;
+        let reads_enforced = endpoints.iter().all(|e| e.read_only);
         let mut hosts = Vec::with_capacity(endpoints.len());
         for (i, endpoint) in endpoints.into_iter().enumerate() {
             let recipe = |server, config, lane: &'static str| LaneRecipe {
@@ -183,7 +187,7 @@ impl Pool {
             _ => None,
         };
         Ok(Pool {
-            hosts: Arc::new(Hosts::new(hosts, settings, metrics)),
+            hosts: Arc::new(Hosts::new(hosts, settings, metrics, reads_enforced)),
         })
     }
 
@@ -323,6 +327,27 @@ impl Pool {
     /// or [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica) when no host
     /// of that kind is up.
     pub async fn get_with(&self, target: TargetSessionAttrs) -> Result<Connection, Error> {
+        let deadline = self.hosts.failover_deadline();
+        let mut waits = 0;
+        loop {
+            let conn = self.checkout_with(target).await;
+            // No connection to the host the target named: it may be gone.
+            // With several hosts, wait for a round of checks within
+            // `failover_wait` and ask again.
+            let refused = conn.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connect);
+            if refused && self.hosts.single().is_none() {
+                if waits < MAX_FAILOVER_WAITS && tokio::time::Instant::now() < deadline {
+                    waits += 1;
+                    self.hosts.next_round().await;
+                    continue;
+                }
+                self.hosts.recheck();
+            }
+            return conn;
+        }
+    }
+
+    async fn checkout_with(&self, target: TargetSessionAttrs) -> Result<Connection, Error> {
         let lane = self.hosts.lane_for(target).await?;
         let waiting = lane.metrics.as_ref().map(|_| Instant::now());
         let checkout = lane.checkout(Holder::Caller);
@@ -335,9 +360,6 @@ impl Pool {
         lane.waited(waiting);
         if let Some(metrics) = &lane.metrics {
             metrics.checkout(conn.as_ref().map(drop));
-        }
-        if conn.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connect) {
-            self.hosts.recheck();
         }
         conn
     }
@@ -383,6 +405,8 @@ impl Pool {
     /// As [`execute`](Pool::execute), and returns where the write left the
     /// primary's WAL, for [`Consistency::AtLeast`]. The position is read on
     /// the same connection right behind the write, in the same round trip.
+    /// If it cannot be read (the write succeeded all the same), the token
+    /// is [`WriteToken::PRIMARY`]: reads with it go to the primary.
     ///
     /// # Errors
     ///
@@ -400,15 +424,22 @@ impl Pool {
             unreachable!("a batch answers every item");
         };
         let written = written?.rows_affected();
-        let row = executor::exactly_one(token?.into_rows())?;
-        let (timeline, lsn): (i32, i64) = (row.get(0), row.get(1));
-        Ok((
-            written,
-            WriteToken {
-                timeline: u32::try_from(timeline).unwrap_or(0),
-                lsn: u64::try_from(lsn).unwrap_or(0),
-            },
-        ))
+        // The write is done: whatever happens to the position query, report
+        // it, with a token that sends its reads to the primary if the
+        // position could not be read.
+        let token = token
+            .ok()
+            .and_then(|answer| executor::exactly_one(answer.into_rows()).ok())
+            .and_then(|row| {
+                let timeline = row.try_get::<_, i32>(0).ok()?;
+                let lsn = row.try_get::<_, i64>(1).ok()?;
+                Some(WriteToken {
+                    timeline: u32::try_from(timeline).ok()?,
+                    lsn: u64::try_from(lsn).ok()?,
+                })
+            })
+            .unwrap_or(WriteToken::PRIMARY);
+        Ok((written, token))
     }
 
     /// A snapshot of the pool's connections and queues (every host's and
@@ -422,9 +453,7 @@ impl Pool {
     /// waiting ones. Queries already running finish; their connections
     /// close when they do.
     pub fn close(&self) {
-        for inner in self.lanes() {
-            inner.close();
-        }
+        self.hosts.close();
     }
 
     /// Closes the pool as [`close`](Pool::close) does, then waits until the

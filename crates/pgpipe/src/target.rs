@@ -128,6 +128,16 @@ pub struct WriteToken {
     pub lsn: u64,
 }
 
+impl WriteToken {
+    /// A token that no standby vouches for: reads with it go to the
+    /// primary. [`Pool::execute_tracked`](crate::Pool::execute_tracked)
+    /// returns it when the write's position could not be read.
+    pub const PRIMARY: WriteToken = WriteToken {
+        timeline: 0,
+        lsn: u64::MAX,
+    };
+}
+
 impl fmt::Display for WriteToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -208,15 +218,46 @@ pub(crate) fn take_target(url: &str) -> Result<(String, Option<TargetSessionAttr
         };
         return Ok((rest, found));
     }
-    let mut found = None;
-    let mut kept = Vec::new();
-    for pair in url.split_whitespace() {
-        match pair.split_once('=') {
-            Some((key, value)) if key.trim() == KEY => found = Some(value.trim().parse()?),
-            _ => kept.push(pair),
+    // key=value: cut out just `target_session_attrs = value` (libpq allows
+    // spaces around `=`, and quotes), leaving every other byte as it was
+    // (a quoted password keeps its spaces).
+    let bytes = url.as_bytes();
+    let mut at = 0;
+    while let Some(offset) = url[at..].find(KEY) {
+        let start = at + offset;
+        let mut i = start + KEY.len();
+        at = i;
+        if start > 0 && !bytes[start - 1].is_ascii_whitespace() {
+            continue;
         }
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if bytes.get(i) != Some(&b'=') {
+            continue;
+        }
+        i += 1;
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        let quoted = bytes.get(i) == Some(&b'\'');
+        let value_start = i + usize::from(quoted);
+        let mut end = value_start;
+        while end < bytes.len()
+            && !(if quoted {
+                bytes[end] == b'\''
+            } else {
+                bytes[end].is_ascii_whitespace()
+            })
+        {
+            end += 1;
+        }
+        let target = url[value_start..end].parse()?;
+        let end = (end + usize::from(quoted)).min(bytes.len());
+        let rest = format!("{}{}", &url[..start], &url[end..]);
+        return Ok((rest.trim().to_owned(), Some(target)));
     }
-    Ok((kept.join(" "), found))
+    Ok((url.to_owned(), None))
 }
 
 #[cfg(test)]
@@ -250,6 +291,16 @@ mod tests {
             take_target("host=a,b user=u target_session_attrs=prefer-standby").unwrap();
         assert_eq!(rest, "host=a,b user=u");
         assert_eq!(target, Some(TargetSessionAttrs::PreferStandby));
+        let (rest, target) =
+            take_target("host=a password='two  spaces' target_session_attrs = 'standby' dbname=d")
+                .unwrap();
+        assert_eq!(rest, "host=a password='two  spaces'  dbname=d");
+        assert_eq!(target, Some(TargetSessionAttrs::Standby));
+        let (rest, target) = take_target("host=a options=-ctarget_session_attrs=x").unwrap();
+        assert_eq!(
+            (rest.as_str(), target),
+            ("host=a options=-ctarget_session_attrs=x", None)
+        );
         let error = take_target("postgres://a/db?target_session_attrs=nope").unwrap_err();
         assert_eq!(error.kind(), ErrorKind::Config);
         assert_eq!(take_target("postgres://a/db").unwrap().1, None);

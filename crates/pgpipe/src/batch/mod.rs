@@ -15,6 +15,8 @@ use crate::answer::{Answer, Op};
 use crate::error::Error;
 #[cfg(doc)]
 use crate::error::ErrorKind;
+use crate::error::ErrorKind;
+use crate::hosts::dispatch::MAX_FAILOVER_WAITS;
 use crate::metrics::Mode;
 use crate::pool::{Pool, PoolInner};
 use crate::target::Consistency;
@@ -151,11 +153,30 @@ impl<'a> Batch<'a> {
                 self.run_on(&host.write).await,
                 Some(Arc::clone(&host.write)),
             ),
+            // On the primary; a batch that could not start there (no
+            // connection: nothing ran) waits for the next primary within
+            // `failover_wait`, as a single write does.
             (_, None) => {
-                let pick = hosts.writer().await;
-                match pick {
-                    Ok(pick) => (self.run_on(pick.lane).await, Some(Arc::clone(pick.lane))),
-                    Err(e) => (Err(e), None),
+                let deadline = hosts.failover_deadline();
+                let mut waits = 0;
+                loop {
+                    let pick = match hosts.writer(deadline).await {
+                        Ok(pick) => pick,
+                        Err(e) => break (Err(e), None),
+                    };
+                    let results = self.run_on(pick.lane).await;
+                    let unsent = results
+                        .as_ref()
+                        .is_err_and(|e| e.kind() == ErrorKind::Connect || e.is_unsent());
+                    if unsent
+                        && waits < MAX_FAILOVER_WAITS
+                        && tokio::time::Instant::now() < deadline
+                    {
+                        waits += 1;
+                        hosts.next_round().await;
+                        continue;
+                    }
+                    break (results, Some(Arc::clone(pick.lane)));
                 }
             }
             (_, Some(consistency)) => match hosts.reader(consistency, None).await {
@@ -163,6 +184,15 @@ impl<'a> Batch<'a> {
                 Err(e) => (Err(e), None),
             },
         };
+        if hosts.single().is_none() {
+            match &results {
+                Ok(results) => crate::hosts::dispatch::observe_batch(hosts, results),
+                Err(e) if matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect) => {
+                    hosts.recheck();
+                }
+                Err(_) => {}
+            }
+        }
         let Some(pool) = lane else { return results };
         if let Some(metrics) = pool.metrics() {
             let mode = if self.atomic {

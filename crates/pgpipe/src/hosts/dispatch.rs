@@ -20,7 +20,6 @@ use std::sync::Arc;
 
 use super::Hosts;
 use crate::answer::{Answer, Op};
-use crate::config::deadline_after;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::hosts::{RetryReason, RouteLabel};
 use crate::pool::PoolInner;
@@ -65,15 +64,16 @@ fn role_error(error: &Error) -> Option<&'static str> {
 /// primary that is up but refuses connections (authentication, a full
 /// `max_connections`) fails it with its own error, not after
 /// `failover_wait` of tries.
-const MAX_FAILOVER_WAITS: u32 = 20;
+pub(crate) const MAX_FAILOVER_WAITS: u32 = 20;
 
 /// Runs `work` on the primary's write lane: once more on the next elected
 /// primary if the host it reached turned out read-only.
 pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer, Error> {
     let (mut retried, mut waits) = (false, 0);
-    let failover_deadline = deadline_after(hosts.settings.failover_wait);
+    // One bound for the whole write, however many times it waits.
+    let failover_deadline = hosts.failover_deadline();
     loop {
-        let pick = hosts.writer().await?;
+        let pick = hosts.writer(failover_deadline).await?;
         if let Some(metrics) = &hosts.metrics {
             metrics.routed(RouteLabel::Primary);
         }
@@ -84,20 +84,22 @@ pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer
                     if let Some(metrics) = &hosts.metrics {
                         metrics.role_error(code);
                     }
-                    hosts.demote(pick.host);
-                    if !retried {
+                    // Run again only once a round of checks that started
+                    // after this error shows that the host is no longer the
+                    // primary: a primary whose role or database defaults to
+                    // read-only answers 25006 too, and that is the caller's.
+                    hosts.next_round().await;
+                    if !retried && !hosts.is_primary(pick.host) {
                         retried = true;
                         if let Some(metrics) = &hosts.metrics {
                             metrics.retry(RetryReason::ReadOnly);
                         }
-                        hosts.next_round().await;
                         continue;
                     }
                 }
                 // Nothing was sent: the primary may be gone. Within
                 // `failover_wait`, wait for the next one.
                 _ if error.kind() == ErrorKind::Connect || error.is_unsent() => {
-                    hosts.recheck();
                     waits += 1;
                     if waits <= MAX_FAILOVER_WAITS
                         && tokio::time::Instant::now() < failover_deadline
@@ -108,12 +110,27 @@ pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer
                         hosts.next_round().await;
                         continue;
                     }
+                    hosts.recheck();
                 }
                 _ if error.kind() == ErrorKind::ConnectionLost => hosts.recheck(),
                 _ => {}
             }
         }
         return result;
+    }
+}
+
+/// What a batch's results tell the monitor: a role error or a lost
+/// connection asks for a round of checks now (a batch is never run again).
+pub(crate) fn observe_batch(hosts: &Hosts, results: &[Result<Answer, Error>]) {
+    let suspicious = results.iter().any(|result| {
+        result.as_ref().is_err_and(|e| {
+            matches!(role_error(e), Some("25006" | "0A000"))
+                || matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect)
+        })
+    });
+    if suspicious {
+        hosts.recheck();
     }
 }
 
@@ -137,7 +154,11 @@ pub(crate) async fn read(
             if let (Some(metrics), Some(code)) = (&hosts.metrics, code) {
                 metrics.role_error(code);
             }
-            let on_standby = pick.route == RouteLabel::Replica && hosts.is_standby(pick.host);
+            // A standby, read-only by the server: whatever ran there wrote
+            // nothing.
+            let on_standby = pick.route == RouteLabel::Replica
+                && hosts.is_standby(pick.host)
+                && hosts.reads_enforced;
             let reason = match (code, error.kind()) {
                 (Some("40001"), _) if on_standby => Some(RetryReason::RecoveryConflict),
                 (_, ErrorKind::ConnectionLost) if on_standby => {

@@ -4,7 +4,7 @@
 //! written).
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Most primary positions kept: at the default 2 s re-check, about two
 /// minutes of history.
@@ -40,10 +40,11 @@ impl Samples {
     }
 
     /// The lag of a standby that has replayed up to `replay`, at `now`:
-    /// bytes behind the newest primary position, and the age of the newest
-    /// primary position it has reached (the oldest sample's age, a lower
-    /// bound, when it has reached none that is kept). `None` before the
-    /// primary was seen.
+    /// bytes behind the newest primary position, and in seconds how long
+    /// ago the primary was where the standby is, assuming the primary's
+    /// WAL grew evenly between two checks (the oldest sample's age, a lower
+    /// bound, when the standby is behind every sample kept). `None` before
+    /// the primary was seen.
     pub(crate) fn lag(&self, replay: u64, now: Instant) -> Option<Lag> {
         let &(_, newest) = self.seen.back()?;
         if replay >= newest {
@@ -52,19 +53,23 @@ impl Samples {
                 seconds: 0.0,
             });
         }
-        // The first position the standby has not reached: it has been
-        // behind since then.
-        let behind_since = self
-            .seen
-            .iter()
-            .find(|&&(_, lsn)| lsn > replay)
-            .map(|&(at, _)| at)?;
+        // The first position the standby has not reached, and the one
+        // before it, which it has.
+        let next = self.seen.iter().position(|&(_, lsn)| lsn > replay)?;
+        let (next_at, next_lsn) = self.seen[next];
+        let was_there = match next.checked_sub(1).map(|i| self.seen[i]) {
+            None => next_at,
+            Some((at, lsn)) => {
+                let span = next_lsn - lsn;
+                let part = (replay - lsn) as f64 / span.max(1) as f64;
+                at + next_at
+                    .saturating_duration_since(at)
+                    .mul_f64(part.clamp(0.0, 1.0))
+            }
+        };
         Some(Lag {
             bytes: newest - replay,
-            seconds: now
-                .saturating_duration_since(behind_since)
-                .max(Duration::ZERO)
-                .as_secs_f64(),
+            seconds: now.saturating_duration_since(was_there).as_secs_f64(),
         })
     }
 }
@@ -72,6 +77,7 @@ impl Samples {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn a_caught_up_standby_has_no_lag_however_long_the_primary_idles() {
@@ -86,15 +92,19 @@ mod tests {
     }
 
     #[test]
-    fn a_stuck_standby_lags_since_the_first_position_it_missed() {
+    fn a_standby_lags_by_how_long_ago_the_primary_was_where_it_is() {
         let start = Instant::now();
         let mut samples = Samples::default();
         samples.push(start, 100);
         samples.push(start + Duration::from_secs(2), 200);
         samples.push(start + Duration::from_secs(4), 300);
+        // Halfway from 100 (at 0 s) to 200 (at 2 s): there at 1 s.
         let lag = samples.lag(150, start + Duration::from_secs(5)).unwrap();
         assert_eq!(lag.bytes, 150);
-        assert_eq!(lag.seconds, 3.0);
+        assert!((lag.seconds - 4.0).abs() < 1e-6, "{}", lag.seconds);
+        // Behind every sample kept: at least as old as the oldest.
+        let lag = samples.lag(50, start + Duration::from_secs(5)).unwrap();
+        assert_eq!(lag.seconds, 5.0);
         assert_eq!(Samples::default().lag(0, start), None);
     }
 
@@ -105,6 +115,6 @@ mod tests {
         samples.push(start, 500);
         samples.push(start + Duration::from_secs(1), 100);
         let lag = samples.lag(50, start + Duration::from_secs(2)).unwrap();
-        assert_eq!(lag.seconds, 1.0);
+        assert_eq!(lag.seconds, 1.0, "only the new timeline's sample is kept");
     }
 }

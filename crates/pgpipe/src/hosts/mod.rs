@@ -31,7 +31,7 @@ use crate::metrics::HostMetrics;
 use crate::metrics::hosts::{FallbackReason, RouteLabel};
 use crate::pool::{LaneRecipe, PoolInner};
 use crate::sync::lock;
-use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs};
+use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
 
 pub(crate) use check::start_monitor;
 
@@ -59,6 +59,10 @@ pub(crate) struct Host {
     /// promoted one, and so diverged) never moves, so its old position,
     /// however high, never vouches for a write on the new timeline.
     token_floor: AtomicU64,
+    /// The timeline it receives WAL on, when the pool's role may read it
+    /// (`pg_stat_wal_receiver.received_tli` needs `pg_read_all_stats`);
+    /// 0 when unknown, and the floor above decides alone.
+    received_timeline: AtomicU32,
     /// What the last check found, for error messages.
     last_seen: std::sync::Mutex<String>,
 }
@@ -74,7 +78,19 @@ impl Host {
             standby: AtomicBool::new(false),
             replay_lsn: AtomicU64::new(0),
             token_floor: AtomicU64::new(0),
+            received_timeline: AtomicU32::new(0),
             last_seen: std::sync::Mutex::new("not checked yet".into()),
+        }
+    }
+
+    /// Whether it is known to have replayed `token`: past its position, on
+    /// its timeline when the standby's is known, else past the floor set
+    /// when the primary's timeline changed or the standby appeared.
+    fn has_replayed(&self, token: WriteToken) -> bool {
+        let replayed = self.replay_lsn.load(Ordering::Acquire);
+        match self.received_timeline.load(Ordering::Acquire) {
+            0 => replayed >= token.lsn.max(self.token_floor.load(Ordering::Acquire)),
+            timeline => timeline == token.timeline && replayed >= token.lsn,
         }
     }
 
@@ -103,8 +119,15 @@ pub(crate) struct Hosts {
     discovering: bool,
     primary: AtomicUsize,
     timeline: AtomicU32,
-    /// Completed check rounds.
+    /// Check rounds started, and finished.
+    started: AtomicU64,
     rounds: AtomicU64,
+    /// Set by [`close`](Hosts::close); read lanes are made and closed under
+    /// this lock, so none is made after `close` without being closed.
+    closed: std::sync::Mutex<bool>,
+    /// Whether the read lanes' sessions are read-only (not behind a
+    /// transaction pooler): a read lost on one cannot have written.
+    pub(crate) reads_enforced: bool,
     /// Wakes tasks waiting for a round (a primary, or a retry's answer).
     round_done: Notify,
     /// Wakes the monitor for a round now.
@@ -113,6 +136,13 @@ pub(crate) struct Hosts {
     monitor: AtomicBool,
     pub(crate) settings: HostSettings,
     pub(crate) metrics: Option<HostMetrics>,
+}
+
+/// The last pool clone is gone: the monitor wakes, finds no pool, and ends.
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        self.trigger.notify_one();
+    }
 }
 
 /// Where a query goes: the lane, its host's index, and the route.
@@ -128,6 +158,7 @@ impl Hosts {
         hosts: Vec<Host>,
         settings: HostSettings,
         metrics: Option<HostMetrics>,
+        reads_enforced: bool,
     ) -> Hosts {
         let discovering = hosts.len() > 1 || settings.default_target != TargetSessionAttrs::Any;
         let trigger = Arc::new(Notify::new());
@@ -139,7 +170,10 @@ impl Hosts {
             hosts: hosts.into_boxed_slice(),
             discovering,
             timeline: AtomicU32::new(0),
+            started: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
+            closed: std::sync::Mutex::new(false),
+            reads_enforced,
             round_done: Notify::new(),
             trigger,
             next_read: AtomicUsize::new(0),
@@ -150,18 +184,39 @@ impl Hosts {
     }
 
     /// The read lane of host `i`, made at its first use (closed at once if
-    /// the pool was closed meanwhile).
+    /// the pool is closed).
     pub(crate) fn read_lane(&self, i: usize) -> &Arc<PoolInner> {
         let host = &self.hosts[i];
+        if let Some(lane) = host.read.get() {
+            return lane;
+        }
+        let closed = lock(&self.closed);
         let lane = host.read.get_or_init(|| {
             let lane = host.read_recipe.make_or_without_metrics();
             lane.wire().on_role_change(Arc::clone(&self.trigger));
             lane
         });
-        if self.is_closed() {
+        if *closed {
             lane.close();
         }
         lane
+    }
+
+    /// Closes every lane, wakes whoever waits for a round (they find the
+    /// pool closed), and the monitor, which ends and closes its
+    /// connections.
+    pub(crate) fn close(&self) {
+        let mut closed = lock(&self.closed);
+        *closed = true;
+        for host in self.hosts.iter() {
+            host.write.close();
+            if let Some(read) = host.read.get() {
+                read.close();
+            }
+        }
+        drop(closed);
+        self.trigger.notify_one();
+        self.round_done.notify_waiters();
     }
 
     /// The one host of a pool that checks no roles.
@@ -202,29 +257,36 @@ impl Hosts {
         self.timeline.load(Ordering::Acquire)
     }
 
-    /// The primary's host, waiting up to `failover_wait` for one (and for
-    /// the first round of checks, however short `failover_wait` is: that
-    /// is start-up, not a failover).
-    pub(crate) async fn primary(self: &Arc<Self>) -> Result<usize, Error> {
+    /// The primary's host, waiting until `deadline` for one (and for the
+    /// first round of checks, whatever the deadline: that is start-up, not
+    /// a failover).
+    pub(crate) async fn primary(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+    ) -> Result<usize, Error> {
         if let Some(i) = self.elected() {
             return Ok(i);
         }
         self.first_round().await;
-        let deadline = deadline_after(self.settings.failover_wait);
         loop {
             let notified = self.round_done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(i) = self.elected() {
-                return Ok(i);
-            }
             if self.is_closed() {
                 return Err(Error::closed());
+            }
+            if let Some(i) = self.elected() {
+                return Ok(i);
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return self.elected().ok_or_else(|| self.no_primary());
             }
         }
+    }
+
+    /// When a write that starts now stops waiting for a primary.
+    pub(crate) fn failover_deadline(&self) -> tokio::time::Instant {
+        deadline_after(self.settings.failover_wait)
     }
 
     /// Before the first round of checks no role is known: waits for it (at
@@ -237,13 +299,14 @@ impl Hosts {
         }
     }
 
-    /// Waits for the next round of checks to finish (at most two check
-    /// timeouts), after asking for one.
+    /// Asks for a round of checks and waits (at most two check timeouts)
+    /// until one that started after the asking has finished: a round
+    /// already under way may have looked before whatever prompted this.
     pub(crate) async fn next_round(self: &Arc<Self>) {
         self.ensure_monitor();
-        let seen = self.rounds.load(Ordering::Acquire);
+        let fresh = self.started.load(Ordering::Acquire) + 1;
         self.recheck();
-        self.round_after(seen).await;
+        self.round_after(fresh - 1).await;
     }
 
     /// Waits until more than `seen` rounds have finished, at most two check
@@ -255,6 +318,7 @@ impl Hosts {
             tokio::pin!(notified);
             notified.as_mut().enable();
             if self.rounds.load(Ordering::Acquire) > seen
+                || self.is_closed()
                 || tokio::time::timeout_at(deadline, notified).await.is_err()
             {
                 return;
@@ -262,13 +326,9 @@ impl Hosts {
         }
     }
 
-    /// Stops sending writes to `host` until a check elects it again: a
-    /// write there found it read-only.
-    pub(crate) fn demote(&self, host: usize) {
-        let _ = self
-            .primary
-            .compare_exchange(host, NONE, Ordering::AcqRel, Ordering::Acquire);
-        self.recheck();
+    /// Whether `host` is the elected primary now.
+    pub(crate) fn is_primary(&self, host: usize) -> bool {
+        self.elected() == Some(host)
     }
 
     /// `NoPrimary`, naming what each host was last seen as.
@@ -281,10 +341,13 @@ impl Hosts {
         Error::new(ErrorKind::NoPrimary, message).unsent()
     }
 
-    /// The write lane of the primary.
-    pub(crate) async fn writer(self: &Arc<Self>) -> Result<Pick<'_>, Error> {
+    /// The write lane of the primary, waiting for one until `deadline`.
+    pub(crate) async fn writer(
+        self: &Arc<Self>,
+        deadline: tokio::time::Instant,
+    ) -> Result<Pick<'_>, Error> {
         self.ensure_monitor();
-        let host = self.primary().await?;
+        let host = self.primary(deadline).await?;
         Ok(Pick {
             lane: &self.hosts[host].write,
             host,
@@ -311,7 +374,7 @@ impl Hosts {
             let stale_token =
                 token.is_some_and(|t| self.elected().is_none() || t.timeline != self.timeline());
             if !stale_token {
-                match self.standby(exclude, token.map(|t| t.lsn)) {
+                match self.standby(exclude, token) {
                     Ok(host) => {
                         return Ok(Pick {
                             lane: self.read_lane(host),
@@ -337,7 +400,7 @@ impl Hosts {
                 metrics.fallback(reason);
             }
         }
-        let host = self.primary().await?;
+        let host = self.primary(self.failover_deadline()).await?;
         Ok(Pick {
             lane: self.read_lane(host),
             host,
@@ -349,13 +412,18 @@ impl Hosts {
         })
     }
 
-    /// A standby in rotation (and past `lsn`, if given), round robin.
-    fn standby(&self, exclude: Option<usize>, lsn: Option<u64>) -> Result<usize, FallbackReason> {
+    /// A standby in rotation (and known to have replayed `token`, if
+    /// given), round robin.
+    fn standby(
+        &self,
+        exclude: Option<usize>,
+        token: Option<WriteToken>,
+    ) -> Result<usize, FallbackReason> {
         let n = self.hosts.len();
         let start = self.next_read.fetch_add(1, Ordering::Relaxed);
         let mut reason = FallbackReason::NoReplica;
         for k in 0..n {
-            let i = (start + k) % n;
+            let i = start.wrapping_add(k) % n;
             let host = &self.hosts[i];
             if Some(i) == exclude || !host.standby.load(Ordering::Acquire) {
                 continue;
@@ -364,9 +432,7 @@ impl Hosts {
                 reason = FallbackReason::Lag;
                 continue;
             }
-            let replayed = host.replay_lsn.load(Ordering::Acquire);
-            let floor = host.token_floor.load(Ordering::Acquire);
-            if lsn.is_some_and(|lsn| replayed < lsn.max(floor)) {
+            if token.is_some_and(|token| !host.has_replayed(token)) {
                 reason = FallbackReason::Token;
                 continue;
             }
@@ -396,7 +462,7 @@ impl Hosts {
         }
         self.first_round().await;
         match target {
-            T::ReadWrite | T::Primary => Ok(self.writer().await?.lane),
+            T::ReadWrite | T::Primary => Ok(self.writer(self.failover_deadline()).await?.lane),
             T::ReadOnly => Ok(self.reader(Consistency::Eventual, None).await?.lane),
             T::Standby => match self.standby(None, None) {
                 Ok(i) => Ok(self.read_lane(i)),
@@ -408,13 +474,13 @@ impl Hosts {
             },
             T::PreferStandby => match self.standby(None, None) {
                 Ok(i) => Ok(self.read_lane(i)),
-                Err(_) => Ok(self.writer().await?.lane),
+                Err(_) => Ok(self.writer(self.failover_deadline()).await?.lane),
             },
             T::Any | T::PreferPrimary => match self.elected() {
                 Some(i) => Ok(&self.hosts[i].write),
                 None => match self.standby(None, None) {
                     Ok(i) => Ok(self.read_lane(i)),
-                    Err(_) => Ok(self.writer().await?.lane),
+                    Err(_) => Ok(self.writer(self.failover_deadline()).await?.lane),
                 },
             },
         }
