@@ -15,6 +15,7 @@ mod metrics;
 mod overload;
 mod poolers;
 mod quarantine;
+mod read_groups;
 mod replicas;
 mod restart;
 mod routing;

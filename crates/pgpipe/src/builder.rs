@@ -127,6 +127,13 @@ impl PoolBuilder {
         self
     }
 
+    /// Whether reads through [`Pool::read`] that go out together share one
+    /// `Sync`; see [`PoolConfig::read_groups`]. Default: `true`.
+    pub fn read_groups(mut self, on: bool) -> Self {
+        self.config.read_groups = on;
+        self
+    }
+
     /// How long a write waits for a primary to be elected. Default: zero.
     pub fn failover_wait(mut self, wait: Duration) -> Self {
         self.config.failover_wait = wait;

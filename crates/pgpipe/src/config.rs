@@ -274,6 +274,14 @@ pub struct PoolConfig {
     /// Default: zero (fail at once).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub failover_wait: Duration,
+    /// Reads through [`Pool::read`](crate::Pool::read) that go out in one
+    /// write on a shared connection share one `Sync` (one transaction, one
+    /// `ReadyForQuery`, one flush on the server), on connections that are
+    /// read-only; each still gets its own answer, and one that fails fails
+    /// alone (the others are run again). See the README's "Read groups".
+    ///
+    /// Default: `true`.
+    pub read_groups: bool,
 }
 
 impl Default for PoolConfig {
@@ -310,6 +318,7 @@ impl Default for PoolConfig {
             max_replica_lag: None,
             replica_fallback: ReplicaFallback::Primary,
             failover_wait: Duration::ZERO,
+            read_groups: true,
         }
     }
 }

@@ -360,7 +360,18 @@ impl Error {
                 None => ErrorKind::Protocol,
             }
         };
-        Error::with_pg(kind, error)
+        let skipped = error
+            .as_db_error()
+            .is_some_and(|db| db.code().code() == crate::protocol::coalesce::SKIPPED);
+        let error = Error::with_pg(kind, error);
+        if skipped { error.unsent() } else { error }
+    }
+
+    /// The server skipped it because an earlier read in its group failed:
+    /// it never ran (see `protocol::coalesce`).
+    pub(crate) fn is_skipped(&self) -> bool {
+        self.code()
+            .is_some_and(|code| code.code() == crate::protocol::coalesce::SKIPPED)
     }
 
     /// Like [`from_query`](Error::from_query), for a prepare failure shared

@@ -560,6 +560,11 @@ impl PoolInner {
             tls,
             build_info,
         } = recipe;
+        // A read lane's shared connections group the reads of one write
+        // under one Sync; not behind a transaction pooler, where sessions
+        // are not read-only and only one query is on the wire.
+        let read_groups =
+            labels.lane == Some("read") && config.read_groups && !config.pooler.is_transaction();
         let metrics = match &registry {
             Some(_) => Some(Arc::new(Metrics::new(&labels).map_err(|e| {
                 Error::config(format!("invalid metrics for pool \"{labels}\": {e}"))
@@ -583,6 +588,7 @@ impl PoolInner {
                 (true, false) => Behind::TransactionPoolerWithoutPipelines,
             },
             descriptions: None,
+            read_groups,
         };
         if config.prepare_mode() == Prepare::Unnamed {
             // Descriptions are learned on a connection opened as the pool

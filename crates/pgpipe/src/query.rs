@@ -34,6 +34,11 @@ use crate::trace::Trace;
 /// server that drops every connection fails them fast.
 const UNSENT_RETRIES: u32 = 2;
 
+/// How many times a read the server skipped (a neighbour in its read group
+/// failed) is run again: each time it lands in a new group, so only a run
+/// of failing neighbours that long could make its caller see the skip.
+const SKIPPED_RETRIES: u32 = 16;
+
 /// The span of one query, with the `tracing` feature; see
 /// [`trace`](crate::trace) for its fields.
 #[cfg(feature = "tracing")]
@@ -156,7 +161,7 @@ async fn run_shared(
     let router = pool.router();
     let settings = pool.run_settings();
     let cost = Cost::of(pool, sql, slow);
-    let mut attempts = 0;
+    let (mut attempts, mut skips) = (0, 0);
     loop {
         let place = router.reserve(cost.is_slow()).await;
         if attempts == 0 {
@@ -186,6 +191,14 @@ async fn run_shared(
             }
         }
         match result {
+            // Skipped by the server behind a neighbour's failure in its read
+            // group: it never ran, and it is not the caller's failure.
+            Err(e) if e.is_skipped() && skips < SKIPPED_RETRIES => {
+                skips += 1;
+                if let Some(metrics) = pool.metrics() {
+                    metrics.wire.resent.inc();
+                }
+            }
             // Never sent: run it on another connection. Once sent, never again.
             Err(e) if e.is_unsent() && attempts < UNSENT_RETRIES => attempts += 1,
             result => return result,

@@ -18,6 +18,10 @@ use crate::{housekeeping, query};
 /// first) are sent again on another connection; as for a single query.
 const UNSENT_RETRIES: u32 = 2;
 
+/// How many times items the server skipped in a read group run again; as
+/// for a single read.
+const SKIPPED_RETRIES: u32 = 16;
+
 impl Batch<'_> {
     pub(super) async fn run_isolated(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
         let mut clean = false;
@@ -86,61 +90,79 @@ impl Batch<'_> {
         let router = inner.router();
         let depth = inner.config().max_pipeline_depth;
         let deadline = inner.run_settings().query_timeout;
-        let (mut next, mut attempts) = (0, 0);
-        while next < pending.len() {
-            let mut place = match router.reserve(false).await {
-                Ok(place) => place,
-                Err(e) if next == 0 => return Err(e),
-                Err(e) => {
-                    for &i in &pending[next..] {
-                        results[i] = Some(Err(e.echo(e.kind(), "the batch could not go on")));
+        let mut pending = pending.to_vec();
+        let mut skips = 0;
+        loop {
+            // Items the server skipped in a read group (a neighbour failed):
+            // they never ran, and run again after the others.
+            let mut again = Vec::new();
+            let (mut next, mut attempts) = (0, 0);
+            while next < pending.len() {
+                let mut place = match router.reserve(false).await {
+                    Ok(place) => place,
+                    Err(e) if next == 0 && skips == 0 => return Err(e),
+                    Err(e) => {
+                        for &i in &pending[next..] {
+                            results[i] = Some(Err(e.echo(e.kind(), "the batch could not go on")));
+                        }
+                        return Ok(());
                     }
-                    return Ok(());
+                };
+                // As many as fit within the connection's depth (at least one):
+                // the items of a round go out together, and never past the limit.
+                let room = depth.saturating_sub(place.ahead as usize).max(1);
+                let take = (pending.len() - next).min(room);
+                place.extend(take as u64 - 1);
+                let indices = &pending[next..next + take];
+                let mut out = unanswered(take);
+                let conn = Arc::clone(&place.conn);
+                let target = conn.conn().target();
+                let round = self.round(
+                    target,
+                    Prepare::Spawned(&conn),
+                    (indices, inner.run_settings().limits),
+                    clean,
+                    &mut out,
+                );
+                if run::within_deadline(deadline, target, round, || router.late(&conn))
+                    .await
+                    .is_err()
+                {
+                    time_out(&mut out);
                 }
-            };
-            // As many as fit within the connection's depth (at least one):
-            // the items of a round go out together, and never past the limit.
-            let room = depth.saturating_sub(place.ahead as usize).max(1);
-            let take = (pending.len() - next).min(room);
-            place.extend(take as u64 - 1);
-            let indices = &pending[next..next + take];
-            let mut out = unanswered(take);
-            let conn = Arc::clone(&place.conn);
-            let target = conn.conn().target();
-            let round = self.round(
-                target,
-                Prepare::Spawned(&conn),
-                (indices, inner.run_settings().limits),
-                clean,
-                &mut out,
-            );
-            if run::within_deadline(deadline, target, round, || router.late(&conn))
-                .await
-                .is_err()
-            {
-                time_out(&mut out);
+                let lost = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionLost);
+                if out.iter().any(lost) {
+                    router.retire(&conn);
+                }
+                // Items that never left the client, after every item that did,
+                // may run on another connection without reordering anything.
+                let unsent = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.is_unsent() && !e.is_skipped());
+                let sent = out.len() - out.iter().rev().take_while(|r| unsent(r)).count();
+                let done = if sent < take && attempts < UNSENT_RETRIES {
+                    attempts += 1;
+                    sent
+                } else {
+                    take
+                };
+                for (i, result) in indices.iter().zip(out).take(done) {
+                    match result {
+                        Some(Err(e)) if e.is_skipped() && skips < SKIPPED_RETRIES => {
+                            if let Some(metrics) = inner.metrics() {
+                                metrics.wire.resent.inc();
+                            }
+                            again.push(*i);
+                        }
+                        result => results[*i] = result,
+                    }
+                }
+                next += done;
             }
-            let lost = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionLost);
-            if out.iter().any(lost) {
-                router.retire(&conn);
+            if again.is_empty() {
+                return Ok(());
             }
-            // Items that never left the client, after every item that did,
-            // may run on another connection without reordering anything.
-            let unsent =
-                |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.is_unsent());
-            let sent = out.len() - out.iter().rev().take_while(|r| unsent(r)).count();
-            let done = if sent < take && attempts < UNSENT_RETRIES {
-                attempts += 1;
-                sent
-            } else {
-                take
-            };
-            for (i, result) in indices.iter().zip(out).take(done) {
-                results[*i] = result;
-            }
-            next += done;
+            skips += 1;
+            pending = again;
         }
-        Ok(())
     }
 
     /// Runs `indices` on one connection: prepares what is not cached (all

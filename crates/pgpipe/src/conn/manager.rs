@@ -30,6 +30,9 @@ pub(crate) struct Manager {
     pub(crate) behind: Behind,
     /// With unnamed statements, where their parameter types are learned.
     pub(crate) descriptions: Option<Arc<Descriptions>>,
+    /// A read lane: shared connections group the reads of one write under
+    /// one Sync.
+    pub(crate) read_groups: bool,
 }
 
 /// How long a checkout waits for a returned connection to finish what its
@@ -54,6 +57,7 @@ impl Manager {
             self.wire.metrics.clone(),
             self.after_connect.clone(),
             self.behind,
+            self.read_groups,
         ));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(

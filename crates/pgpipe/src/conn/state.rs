@@ -160,6 +160,9 @@ pub(crate) struct ConnState {
     after_connect: Option<Arc<str>>,
     /// Behind a transaction pooler (see `behind_transaction_pooler`).
     transaction_pooler: bool,
+    /// A read lane's connection: while shared, the reads of one write share
+    /// one Sync (see `protocol::coalesce`).
+    pub(crate) read_groups: bool,
     /// Behind a pooler that cannot track a pipeline (see `wire_idle`).
     one_at_a_time: bool,
     /// Woken at every ReadyForQuery and when the connection dies, when
@@ -194,10 +197,12 @@ impl ConnState {
         metrics: Option<Arc<Metrics>>,
         after_connect: Option<Arc<str>>,
         pooler: Behind,
+        read_groups: bool,
     ) -> ConnState {
         ConnState {
             metrics,
             after_connect,
+            read_groups,
             transaction_pooler: pooler != Behind::Nothing,
             one_at_a_time: pooler == Behind::TransactionPoolerWithoutPipelines,
             ..ConnState::default()

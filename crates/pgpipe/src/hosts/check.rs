@@ -96,6 +96,7 @@ pub(crate) fn start_monitor(hosts: &Arc<Hosts>) {
                 wire: Arc::new(PoolWire::new(None)),
                 after_connect: None,
                 descriptions: None,
+                read_groups: false,
                 ..lane.clone()
             }
         })

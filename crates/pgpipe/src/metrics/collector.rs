@@ -190,6 +190,9 @@ pub(crate) fn register(
         Box::new(metrics.wire.batch_size.clone()),
         Box::new(metrics.wire.round_trips_saved.clone()),
         Box::new(metrics.wire.latency_saved.clone()),
+        Box::new(metrics.wire.syncs_saved.clone()),
+        Box::new(metrics.wire.group_size.clone()),
+        Box::new(metrics.wire.resent.clone()),
     ];
     if build_info {
         collectors.push(Box::new(build));

@@ -212,6 +212,10 @@ pub(crate) struct WireMetrics {
     pub(crate) batch_size: Histogram,
     pub(crate) round_trips_saved: IntCounter,
     pub(crate) latency_saved: Counter,
+    /// Read groups: Syncs dropped, reads per group, reads run again.
+    pub(crate) syncs_saved: IntCounter,
+    pub(crate) group_size: Histogram,
+    pub(crate) resent: IntCounter,
     quarantined: Box<[IntCounter]>,
 }
 
@@ -487,6 +491,24 @@ impl Metrics {
                     "pipeline_latency_saved_seconds_total",
                     "Estimate: round trips saved times the round-trip estimate at the time; \
                      the time these queries would have spent waiting for a round trip each.",
+                    pool,
+                ))?,
+                syncs_saved: IntCounter::with_opts(opts(
+                    "read_group_syncs_saved_total",
+                    "Syncs not sent: reads that went out in one write on a read lane's \
+                     shared connection shared the last one's.",
+                    pool,
+                ))?,
+                group_size: Histogram::with_opts(histogram(
+                    "read_group_size",
+                    "Reads per group (under one Sync), for groups of two or more.",
+                    pool,
+                    BATCH,
+                ))?,
+                resent: IntCounter::with_opts(opts(
+                    "read_group_resent_total",
+                    "Reads the server skipped because an earlier read in their group failed, \
+                     run again (they had not run).",
                     pool,
                 ))?,
                 quarantined: children(

@@ -4,10 +4,13 @@
 //! - [`framer`]: message boundaries, one direction at a time.
 //! - [`tap`]: the stream wrapper that feeds both directions to framers and
 //!   reports into the connection's state.
+//! - [`coalesce`]: read groups, one `Sync` for the reads of one write on a
+//!   read lane's shared connection, rewritten inside the tap.
 //! - [`rtt`]: the round-trip estimate from solitary round trips.
 //! - [`sql_guard`]: the lexer-based guard that refuses session SQL on the
 //!   shared path.
 
+pub(crate) mod coalesce;
 pub(crate) mod framer;
 mod known_code;
 mod lexer;

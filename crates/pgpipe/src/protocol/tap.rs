@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::coalesce::Coalescer;
 use super::framer::{Framer, Phase};
 use crate::conn::PoolWire;
 use crate::conn::state::ConnState;
@@ -55,7 +56,26 @@ pub(crate) struct TappedStream<S> {
     /// A round trip being timed: when a write found the connection idle,
     /// and the count of ReadyForQuery that answers its first query.
     probe: Option<(Instant, u64)>,
+    /// On a read lane's connection: the read-group rewriter and its
+    /// buffers (see [`coalesce`](super::coalesce)).
+    groups: Option<Box<Groups>>,
 }
+
+/// What a connection that groups reads keeps between polls.
+#[derive(Debug, Default)]
+struct Groups {
+    rewriter: Coalescer,
+    /// Rewritten bytes not yet written to the socket.
+    out: Vec<u8>,
+    out_pos: usize,
+    /// Rewritten bytes not yet read by the client.
+    input: Vec<u8>,
+    in_pos: usize,
+}
+
+/// How much is read from the socket at once on a connection that groups
+/// reads.
+const READ_CHUNK: usize = 16 * 1024;
 
 impl<S> TappedStream<S> {
     /// Wraps a plain (not yet TLS) stream whose first outbound bytes are the
@@ -63,11 +83,12 @@ impl<S> TappedStream<S> {
     pub(crate) fn new(inner: S, state: Arc<ConnState>, pool: Arc<PoolWire>) -> TappedStream<S> {
         TappedStream {
             inner,
-            state,
             pool,
             outbound: Framer::new(Phase::Startup),
             inbound: Framer::new(Phase::Typed),
             probe: None,
+            groups: state.read_groups.then(Box::default),
+            state,
         }
     }
 
@@ -210,21 +231,115 @@ impl<S> TappedStream<S> {
     }
 }
 
+impl<S> TappedStream<S> {
+    /// Whether this tap rewrites read groups now: a read lane's
+    /// connection, past start-up, on the plaintext protocol (under TLS the
+    /// tap above the encryption does it).
+    fn grouping(&self) -> bool {
+        self.groups.as_ref().is_some_and(|g| g.rewriter.is_armed())
+    }
+
+    /// Arms the rewriter at the first ReadyForQuery: start-up is done and
+    /// nothing else was written.
+    fn arm_groups(&mut self) {
+        let plaintext = self.outbound.phase == Phase::Typed;
+        if let Some(groups) = self.groups.as_mut() {
+            if !groups.rewriter.is_armed()
+                && plaintext
+                && self.state.readies.load(Ordering::Acquire) > 0
+            {
+                groups.rewriter.arm();
+            }
+        }
+    }
+
+    /// Counts what the rewriter saved since the last call.
+    fn count_groups(&mut self) {
+        let Some(groups) = self.groups.as_mut() else {
+            return;
+        };
+        let saved = std::mem::take(&mut groups.rewriter.saved);
+        let sizes = std::mem::take(&mut groups.rewriter.groups);
+        if let Some(metrics) = &self.pool.metrics {
+            if saved > 0 {
+                metrics.wire.syncs_saved.inc_by(saved);
+            }
+            for size in sizes {
+                metrics.wire.group_size.observe(size as f64);
+            }
+        }
+    }
+}
+
 impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = result {
-            let filled = &buf.filled()[before..];
-            if !filled.is_empty() {
-                self.observe_read(filled);
+        if !self.grouping() {
+            let before = buf.filled().len();
+            let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+            if let Poll::Ready(Ok(())) = result {
+                let filled = &buf.filled()[before..];
+                if !filled.is_empty() {
+                    self.observe_read(filled);
+                    self.arm_groups();
+                }
+            }
+            return result;
+        }
+        loop {
+            // Rewritten bytes first.
+            let this = &mut *self;
+            let groups = this.groups.as_mut().expect("grouping");
+            if groups.in_pos < groups.input.len() {
+                let input = std::mem::take(&mut groups.input);
+                let from = groups.in_pos;
+                let n = (input.len() - from).min(buf.remaining());
+                buf.put_slice(&input[from..from + n]);
+                this.observe_read(&input[from..from + n]);
+                let groups = this.groups.as_mut().expect("grouping");
+                groups.input = input;
+                groups.in_pos = from + n;
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = [0u8; READ_CHUNK];
+            let mut read = ReadBuf::new(&mut chunk);
+            std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                return Poll::Ready(Ok(())); // end of stream
+            }
+            let groups = this.groups.as_mut().expect("grouping");
+            groups.input.clear();
+            groups.in_pos = 0;
+            if let Err(confused) = groups.rewriter.inbound(read.filled(), &mut groups.input) {
+                crate::trace::pool_warn!(error = %confused, "closing a connection");
+                return Poll::Ready(Err(io::Error::other(confused)));
             }
         }
-        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> TappedStream<S> {
+    /// Writes what the rewriter left to write; `Pending` until all of it is
+    /// out.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(groups) = self.groups.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        while groups.out_pos < groups.out.len() {
+            let n = std::task::ready!(
+                Pin::new(&mut self.inner).poll_write(cx, &groups.out[groups.out_pos..])
+            )?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            groups.out_pos += n;
+        }
+        groups.out.clear();
+        groups.out_pos = 0;
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -234,19 +349,37 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TappedStream<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let probe_start = self.probe_start();
-        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = result {
-            self.observe_write(&buf[..n], probe_start);
+        if !self.grouping() {
+            let probe_start = self.probe_start();
+            let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = result {
+                self.observe_write(&buf[..n], probe_start);
+            }
+            return result;
         }
-        result
+        // What the last write left goes first: backpressure.
+        std::task::ready!(self.poll_drain(cx))?;
+        let probe_start = self.probe_start();
+        self.observe_write(buf, probe_start);
+        let shared = self.state.is_shared();
+        let groups = self.groups.as_mut().expect("grouping");
+        groups.rewriter.outbound(buf, shared, &mut groups.out);
+        self.count_groups();
+        // Taken whole; written now as far as the socket takes it, the rest
+        // by the next write or flush.
+        if let Poll::Ready(Err(e)) = self.poll_drain(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Poll::Ready(Ok(buf.len()))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_drain(cx))?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

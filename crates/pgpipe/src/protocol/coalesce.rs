@@ -1,0 +1,441 @@
+//! Read groups: one `Sync` for the reads that go out in one write on a read
+//! lane's shared connection.
+//!
+//! tokio-postgres ends every query with its own `Sync`, and the server ends
+//! a transaction, sends `ReadyForQuery` and flushes at each one. On a read
+//! lane (sessions opened `default_transaction_read_only=on`) the queries of
+//! one socket write may share one: this rewriter drops the inner `Sync`s of
+//! a write and, reading the answers, gives tokio-postgres the
+//! `ReadyForQuery` each of its requests expects.
+//!
+//! Why it cannot misroute an answer:
+//!
+//! - It never changes, drops or reorders a message from the server; it only
+//!   inserts `ReadyForQuery` (and, for skipped queries, an `ErrorResponse`)
+//!   *between* them, at the end of a request's answer.
+//! - A `Sync` is dropped only behind a request that is exactly
+//!   `Bind`+`Execute` (one statement, no row limit: its answer ends with
+//!   `CommandComplete`, `EmptyQueryResponse` or `ErrorResponse`, and nothing
+//!   else), and only when another `Bind` follows in the same write. Every
+//!   other request keeps its `Sync` and is passed through untouched.
+//! - Answers are matched to requests in the order the requests were
+//!   written, as the server answers them. Anything but the expected
+//!   messages (a `ReadyForQuery` where the server owes none, a message while
+//!   it skips) is a [`Confused`] error: the connection is closed and every
+//!   query on it fails with `ConnectionLost`. It never guesses.
+//! - After an error inside a group the server skips every message up to the
+//!   group's `Sync`: those queries never ran. Each gets an `ErrorResponse`
+//!   with SQLSTATE [`SKIPPED`], which the pool turns into "never sent" and
+//!   runs again; their caller never sees it. What ran before the error was
+//!   read-only, so the implicit transaction that the error rolls back held
+//!   no write to lose.
+
+use std::collections::VecDeque;
+
+/// The SQLSTATE of a query the server skipped because an earlier query in
+/// its group failed (class `PP` is not PostgreSQL's).
+pub(crate) const SKIPPED: &str = "PP001";
+
+const BIND: u8 = 1;
+const EXECUTE: u8 = 2;
+const OTHER: u8 = 4;
+
+/// Message boundaries in one direction, with their offsets in the stream.
+#[derive(Debug, Default)]
+struct Walk {
+    header: [u8; 5],
+    header_len: usize,
+    body_left: usize,
+    kind: u8,
+    /// Bytes of the stream before the current chunk.
+    total: u64,
+    /// Where the message being read started.
+    start: u64,
+}
+
+/// One complete message: its type and where it starts and ends in the
+/// stream.
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    kind: u8,
+    start: u64,
+    end: u64,
+}
+
+impl Walk {
+    fn feed(&mut self, bytes: &[u8], done: &mut Vec<Message>) {
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.body_left == 0 {
+                if self.header_len == 0 {
+                    self.start = self.total + i as u64;
+                }
+                let take = (5 - self.header_len).min(bytes.len() - i);
+                self.header[self.header_len..self.header_len + take]
+                    .copy_from_slice(&bytes[i..i + take]);
+                self.header_len += take;
+                i += take;
+                if self.header_len < 5 {
+                    continue;
+                }
+                self.kind = self.header[0];
+                let [_, a, b, c, d] = self.header;
+                // The length counts itself; a shorter one is malformed and
+                // read as empty (the server rejects it anyway).
+                self.body_left = (u32::from_be_bytes([a, b, c, d]) as usize).saturating_sub(4);
+            } else {
+                let take = self.body_left.min(bytes.len() - i);
+                self.body_left -= take;
+                i += take;
+            }
+            if self.body_left == 0 {
+                self.header_len = 0;
+                done.push(Message {
+                    kind: self.kind,
+                    start: self.start,
+                    end: self.total + i as u64,
+                });
+            }
+        }
+        self.total += bytes.len() as u64;
+    }
+}
+
+/// The server sent what the requests written cannot explain.
+#[derive(Debug)]
+pub(crate) struct Confused(pub(crate) &'static str);
+
+impl std::fmt::Display for Confused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "read group out of step ({}); closing the connection",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Confused {}
+
+/// The rewriter of one connection; see the module docs.
+#[derive(Debug, Default)]
+pub(crate) struct Coalescer {
+    /// From the first `ReadyForQuery` (start-up done, nothing in flight).
+    armed: bool,
+    outbound: Walk,
+    inbound: Walk,
+    /// What the request being written holds so far.
+    building: u8,
+    /// Requests written and not yet answered: whether each lost its `Sync`.
+    requests: VecDeque<bool>,
+    /// The server is skipping to the end of a failed group.
+    skipping: bool,
+    /// Requests in the group being written.
+    group: u64,
+    /// Reusable event buffer.
+    messages: Vec<Message>,
+    /// Server bytes not yet passed on (a message not yet whole), from
+    /// stream offset `emitted`.
+    carry: Vec<u8>,
+    emitted: u64,
+    /// `Sync`s dropped, and the sizes of groups written, since last taken.
+    pub(crate) saved: u64,
+    pub(crate) groups: Vec<u64>,
+}
+
+impl Coalescer {
+    /// Starts rewriting: call at the first `ReadyForQuery`, with nothing
+    /// written since.
+    pub(crate) fn arm(&mut self) {
+        self.armed = true;
+    }
+
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed
+    }
+
+    /// Copies one write into `out`, dropping the `Sync`s that may be
+    /// shared; `group` says whether this write may share them (a shared
+    /// connection of a read lane).
+    pub(crate) fn outbound(&mut self, buf: &[u8], group: bool, out: &mut Vec<u8>) {
+        if !self.armed {
+            out.extend_from_slice(buf);
+            return;
+        }
+        let base = self.outbound.total;
+        let mut messages = std::mem::take(&mut self.messages);
+        messages.clear();
+        self.outbound.feed(buf, &mut messages);
+        let mut copied = 0;
+        for message in &messages {
+            match message.kind {
+                b'B' => self.building |= BIND,
+                b'E' => self.building |= EXECUTE,
+                b'S' => {
+                    let end = (message.end - base) as usize;
+                    let whole = message.start >= base;
+                    let shareable = group
+                        && whole
+                        && self.building == BIND | EXECUTE
+                        && buf.get(end) == Some(&b'B');
+                    if shareable {
+                        let start = (message.start - base) as usize;
+                        out.extend_from_slice(&buf[copied..start]);
+                        copied = end;
+                        self.saved += 1;
+                        self.group += 1;
+                    } else if self.group > 0 {
+                        self.groups.push(self.group + 1);
+                        self.group = 0;
+                    }
+                    self.requests.push_back(shareable);
+                    self.building = 0;
+                }
+                // Answered by a ReadyForQuery of their own.
+                b'Q' | b'F' => {
+                    self.requests.push_back(false);
+                    self.building = 0;
+                }
+                _ => self.building |= OTHER,
+            }
+        }
+        out.extend_from_slice(&buf[copied..]);
+        self.messages = messages;
+    }
+
+    /// Copies what the server sent into `out`, with a `ReadyForQuery` at
+    /// the end of each answer whose `Sync` was dropped, and an error for
+    /// each query the server skipped. Only whole messages go out: the rest
+    /// waits for its end, so that anything inserted lands between
+    /// messages, never inside one.
+    pub(crate) fn inbound(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Confused> {
+        if !self.armed {
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        // `carry` holds the stream from offset `emitted` on.
+        self.carry.extend_from_slice(bytes);
+        let mut messages = std::mem::take(&mut self.messages);
+        messages.clear();
+        self.inbound.feed(bytes, &mut messages);
+        let emitted = self.emitted;
+        let mut copied = 0;
+        let mut result = Ok(());
+        for message in &messages {
+            let (start, end) = (
+                (message.start - emitted) as usize,
+                (message.end - emitted) as usize,
+            );
+            // Notices, notifications and reported settings come at any time.
+            if matches!(message.kind, b'N' | b'A' | b'S') {
+                continue;
+            }
+            let Some(&shared) = self.requests.front() else {
+                result = Err(Confused("an answer to no request"));
+                break;
+            };
+            if self.skipping {
+                if message.kind != b'Z' {
+                    result = Err(Confused("an answer where the server skips"));
+                    break;
+                }
+                // The group's Sync: every query up to it was skipped, and
+                // this ReadyForQuery answers the last of them.
+                out.extend_from_slice(&self.carry[copied..start]);
+                copied = start;
+                while let Some(shared) = self.requests.pop_front() {
+                    skipped_error(out);
+                    if !shared {
+                        break;
+                    }
+                    ready(out);
+                }
+                self.skipping = false;
+                continue;
+            }
+            match (shared, message.kind) {
+                (true, b'2' | b'D') => {}
+                (true, b'C' | b'I' | b'E') => {
+                    out.extend_from_slice(&self.carry[copied..end]);
+                    copied = end;
+                    ready(out);
+                    self.requests.pop_front();
+                    self.skipping = message.kind == b'E';
+                }
+                (true, _) => {
+                    result = Err(Confused("an unexpected message in a read group"));
+                    break;
+                }
+                (false, b'Z') => {
+                    self.requests.pop_front();
+                }
+                // COPY FROM STDIN (exclusive use only): the Sync behind its
+                // Execute is ignored in copy-in mode; the one after CopyDone
+                // is answered.
+                (false, b'G') => {
+                    self.requests.pop_front();
+                }
+                (false, _) => {}
+            }
+        }
+        // Up to the end of the last whole message.
+        let whole = messages
+            .last()
+            .map_or(0, |m| (m.end - emitted) as usize)
+            .max(copied);
+        out.extend_from_slice(&self.carry[copied..whole]);
+        self.carry.drain(..whole);
+        self.emitted += whole as u64;
+        self.messages = messages;
+        result
+    }
+}
+
+/// `ReadyForQuery`, idle.
+fn ready(out: &mut Vec<u8>) {
+    out.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
+}
+
+/// The `ErrorResponse` of a query the server skipped.
+fn skipped_error(out: &mut Vec<u8>) {
+    let mut body = Vec::with_capacity(160);
+    for (field, value) in [
+        (b'S', "ERROR"),
+        (b'V', "ERROR"),
+        (b'C', SKIPPED),
+        (
+            b'M',
+            "not run: an earlier query in its read group failed (pgpipe runs it again)",
+        ),
+    ] {
+        body.push(field);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    out.push(b'E');
+    out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+    out.extend_from_slice(&body);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// Bind, Execute, Sync: one tokio-postgres query.
+    fn query(n: u8) -> Vec<u8> {
+        [
+            message(b'B', &[n; 7]),
+            message(b'E', &[0; 5]),
+            message(b'S', &[]),
+        ]
+        .concat()
+    }
+
+    fn kinds(bytes: &[u8]) -> Vec<u8> {
+        let mut walk = Walk::default();
+        let mut done = Vec::new();
+        walk.feed(bytes, &mut done);
+        done.iter().map(|m| m.kind).collect()
+    }
+
+    fn armed() -> Coalescer {
+        let mut c = Coalescer::default();
+        c.arm();
+        c
+    }
+
+    #[test]
+    fn the_inner_syncs_of_one_write_are_dropped_and_the_last_kept() {
+        let mut c = armed();
+        let write = [query(1), query(2), query(3)].concat();
+        let mut out = Vec::new();
+        c.outbound(&write, true, &mut out);
+        assert_eq!(kinds(&out), b"BEBEBES");
+        assert_eq!(c.saved, 2);
+        assert_eq!(c.requests, [true, true, false]);
+        // Not a read lane's shared connection: untouched.
+        let mut plain = armed();
+        let mut out = Vec::new();
+        plain.outbound(&write, false, &mut out);
+        assert_eq!(out, write);
+        // A prepare (Parse/Describe/Sync) keeps its Sync, and ends a group.
+        let mut c = armed();
+        let prepare = [message(b'P', b"x"), message(b'D', b"S"), message(b'S', &[])].concat();
+        let write = [query(1), prepare, query(2), query(3)].concat();
+        let mut out = Vec::new();
+        c.outbound(&write, true, &mut out);
+        assert_eq!(kinds(&out), b"BESPDSBEBES");
+    }
+
+    #[test]
+    fn answers_get_a_ready_for_query_each_and_skipped_queries_an_error() {
+        let mut c = armed();
+        let mut out = Vec::new();
+        c.outbound(
+            &[query(1), query(2), query(3), query(4)].concat(),
+            true,
+            &mut out,
+        );
+        // 1 answers, 2 fails, 3 and 4 are skipped; one real ReadyForQuery.
+        let answers = [
+            message(b'2', &[]),
+            message(b'D', b"row"),
+            message(b'C', b"SELECT 1\0"),
+            message(b'2', &[]),
+            message(b'E', b"boom"),
+            message(b'Z', b"I"),
+        ]
+        .concat();
+        // Fed a byte at a time: boundaries never matter.
+        let mut out = Vec::new();
+        for byte in &answers {
+            c.inbound(std::slice::from_ref(byte), &mut out).unwrap();
+        }
+        assert_eq!(kinds(&out), b"2DCZ2EZEZEZ");
+        assert!(c.requests.is_empty());
+        let skipped = String::from_utf8_lossy(&out);
+        assert_eq!(skipped.matches(SKIPPED).count(), 2);
+    }
+
+    #[test]
+    fn anything_out_of_step_is_an_error_never_a_guess() {
+        let mut c = armed();
+        let mut out = Vec::new();
+        c.outbound(&[query(1), query(2)].concat(), true, &mut out);
+        // A ReadyForQuery where the server owes none (its Sync was dropped).
+        let error = c.inbound(&message(b'Z', b"I"), &mut out).unwrap_err();
+        assert!(error.to_string().contains("unexpected"));
+        let mut c = armed();
+        c.outbound(&[query(1), query(2)].concat(), true, &mut out);
+        c.inbound(
+            &[message(b'2', &[]), message(b'E', b"x")].concat(),
+            &mut out,
+        )
+        .unwrap();
+        // While skipping, the server sends nothing but the group's end.
+        assert!(c.inbound(&message(b'C', b"x"), &mut out).is_err());
+        // An answer with no request.
+        let mut c = armed();
+        assert!(c.inbound(&message(b'C', b"x"), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn a_sync_split_across_writes_is_kept() {
+        let mut c = armed();
+        let write = [query(1), query(2)].concat();
+        let (first, second) = write.split_at(write.len() / 2 + 3);
+        let mut out = Vec::new();
+        c.outbound(first, true, &mut out);
+        c.outbound(second, true, &mut out);
+        assert_eq!(out.len() + 5 * c.saved as usize, write.len());
+        assert_eq!(c.requests.len(), 2);
+    }
+}
