@@ -44,7 +44,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --rounds N         rounds per cell; tables show the median round
   --duration SECS    measured seconds per cell
   --warmup SECS      unmeasured seconds before each cell
-  --workloads LIST   echo,web,head-of-line,writes,functions,transfers,batches
+  --workloads LIST   echo,reads,web,head-of-line,writes,functions,transfers,batches
   --delays-us LIST   one-way delays in microseconds (0 = direct)
   --tasks LIST       concurrent tasks, e.g. 1,64,512
   --targets TEXT     only targets whose name contains TEXT
@@ -335,6 +335,8 @@ async fn run(
             server.via(&proxy)
         };
         let via = (delay > 0).then(|| Arc::clone(&proxy));
+        let measured = measure_rtt(&url).await?;
+        let first = records.len();
         for &workload in &plan.workloads {
             for round in 0..plan.rounds {
                 for &tasks in &plan.tasks {
@@ -374,6 +376,9 @@ async fn run(
                 }
             }
         }
+        for record in &mut records[first..] {
+            record.measured_rtt_ms = Some(measured);
+        }
     }
     admin
         .batch_execute(&format!(
@@ -409,6 +414,22 @@ async fn run(
         );
     }
     Ok(mismatches == 0 && !(plan.smoke && errors > 0))
+}
+
+/// A lone `SELECT 1` on `url`, median of 50, in milliseconds: the round
+/// trip a client sees (network, proxy and server), printed beside the
+/// nominal one.
+async fn measure_rtt(url: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    let mut samples = Vec::with_capacity(50);
+    for _ in 0..50 {
+        let started = Instant::now();
+        client.simple_query("SELECT 1").await?;
+        samples.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
 }
 
 /// Where `kind` connects: one of the `--pgbouncer` PgBouncers
@@ -603,6 +624,7 @@ impl Cell {
             proxy_cpu_share: proxy.as_ref().map(|_| cpu.proxy.as_secs_f64() / seconds),
             proxy_realtime: proxy.as_ref().map(|p| p.realtime()),
             syncs_per_write: proxy_stats.map(|(syncs, writes)| syncs as f64 / writes.max(1) as f64),
+            measured_rtt_ms: None,
         };
         eprintln!(
             "{:>12} {:>18} {:>5} tasks {:>7}: {:>8.0} q/s  p50 {:>6.2} ms  p99 {:>7.2} ms  conns {}  errors {}  mismatches {}",

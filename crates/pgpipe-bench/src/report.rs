@@ -50,6 +50,10 @@ pub(crate) struct Record {
     pub(crate) proxy_realtime: Option<bool>,
     /// Syncs per chunk the proxy read from the client: the real batch size.
     pub(crate) syncs_per_write: Option<f64>,
+    /// A lone `SELECT 1` on this path, measured before the cells (median of
+    /// 50): the round trip as a client sees it, beside the nominal one.
+    #[serde(default)]
+    pub(crate) measured_rtt_ms: Option<f64>,
 }
 
 /// Writes records as JSON lines.
@@ -94,12 +98,15 @@ pub(crate) fn medians(records: &[Record]) -> Vec<Record> {
         .collect()
 }
 
-fn rtt_label(delay_us: u64) -> String {
+fn rtt_label(delay_us: u64, measured_ms: Option<f64>) -> String {
+    let measured = measured_ms
+        .map(|ms| format!("; a lone `SELECT 1` measured {ms:.2} ms"))
+        .unwrap_or_default();
     if delay_us == 0 {
-        "loopback (direct)".into()
+        format!("loopback (direct{measured})")
     } else {
         format!(
-            "RTT {} ms (proxy, {} µs each way)",
+            "RTT {} ms (proxy, {} µs each way{measured})",
             delay_us as f64 * 2.0 / 1000.0,
             delay_us
         )
@@ -132,7 +139,12 @@ pub(crate) fn markdown(records: &[Record], target_order: &[String]) -> String {
             r.proxy_realtime
                 .map(|rt| (rt, r.proxy_cpu_share.unwrap_or(0.0)))
         });
-        let _ = write!(out, "\n#### {workload}, {mode} loop, {}", rtt_label(delay));
+        let measured = rows.iter().find_map(|r| r.measured_rtt_ms);
+        let _ = write!(
+            out,
+            "\n#### {workload}, {mode} loop, {}",
+            rtt_label(delay, measured)
+        );
         if let Some((realtime, share)) = proxy {
             let _ = write!(
                 out,
@@ -264,7 +276,7 @@ pub(crate) fn chart(
         let max_tasks = here.iter().map(|r| r.tasks).max().unwrap_or(1).max(2) as f64;
         let mut chart = ChartBuilder::on(panel)
             .caption(
-                format!("{workload}: {}", rtt_label(*delay)),
+                format!("{workload}: {}", rtt_label(*delay, None)),
                 ("sans-serif", 15),
             )
             .margin(12)

@@ -223,6 +223,18 @@ impl Target {
         }
     }
 
+    /// Runs one read: through pgpipe's read handle, else as [`query`](Target::query).
+    pub(crate) async fn read(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, BoxError> {
+        match self {
+            Target::Pgpipe(pool, _) => Ok(pool.read().query(sql, params).await?),
+            other => other.query(sql, params).await,
+        }
+    }
+
     /// A transaction moving one unit from account `a` to `b` with `sql`
     /// (`UPDATE … SET n = n + $2 WHERE id = $1`): on pgpipe an atomic batch
     /// when `atomic`, else an interactive transaction on an exclusive

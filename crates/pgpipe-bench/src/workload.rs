@@ -37,6 +37,10 @@ pub(crate) enum Workload {
     /// (`BEGIN`, the items and `COMMIT` pipelined); an interactive
     /// transaction on the other pools.
     Batches,
+    /// Echo through pgpipe's read handle (`pool.read()`: read-only
+    /// connections, the reads of one write under one Sync); the same echo on
+    /// the other pools.
+    Reads,
 }
 
 const ECHO: &str = "SELECT $1::int8";
@@ -48,8 +52,9 @@ const WEB: [&str; 3] = [
 const SLOW: &str = "SELECT $1::int8 FROM pg_sleep(0.02)";
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 7] = [
+    pub(crate) const ALL: [Workload; 8] = [
         Workload::Echo,
+        Workload::Reads,
         Workload::Web,
         Workload::HeadOfLine,
         Workload::Writes,
@@ -76,6 +81,7 @@ impl Workload {
             Workload::Functions => "functions",
             Workload::Transfers => "transfers",
             Workload::Batches => "batches",
+            Workload::Reads => "reads",
         }
     }
 
@@ -86,7 +92,7 @@ impl Workload {
     /// Every SQL text the workload sends (for targets that prepare up front).
     pub(crate) fn statements(self, table: &str) -> Vec<String> {
         match self {
-            Workload::Echo => vec![ECHO.into()],
+            Workload::Echo | Workload::Reads => vec![ECHO.into()],
             Workload::Web => WEB.iter().map(|s| s.to_string()).collect(),
             Workload::HeadOfLine => vec![ECHO.into(), SLOW.into()],
             Workload::Writes => vec![insert_sql(table)],
@@ -159,6 +165,9 @@ async fn request(
     match workload {
         Workload::Echo => {
             answer.mismatches = check(target.query(ECHO, &[&value]).await?, value);
+        }
+        Workload::Reads => {
+            answer.mismatches = check(target.read(ECHO, &[&value]).await?, value);
         }
         Workload::Web => {
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&value];
