@@ -13,8 +13,6 @@ use tokio_postgres::types::ToSql;
 
 use crate::answer::{Answer, Op};
 use crate::error::Error;
-#[cfg(doc)]
-use crate::error::ErrorKind;
 use crate::error::ErrorKind;
 use crate::hosts::dispatch::MAX_FAILOVER_WAITS;
 use crate::metrics::Mode;
