@@ -258,3 +258,71 @@ async fn grouped_reads_heal_a_stale_statement_after_alter_table() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_local_setting_never_reaches_a_neighbour_in_its_group() {
+    let pool = builder(&app("grouplocal"))
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    pool.read().query("SELECT 1", &[]).await.unwrap();
+    let mut leaked = 0;
+    for _ in 0..100 {
+        let mut tasks = Vec::new();
+        for i in 0..30 {
+            let pool = pool.clone();
+            tasks.push(tokio::spawn(async move {
+                if i % 10 == 0 {
+                    // Allowed on the shared path: it ends with its own
+                    // transaction. In a group it would last to the group's end.
+                    pool.read()
+                        .query("SELECT set_config('pgpipe.tenant', 'leak', true)", &[])
+                        .await
+                        .map(|_| false)
+                } else {
+                    pool.read()
+                        .query_one("SELECT current_setting('pgpipe.tenant', true)", &[])
+                        .await
+                        .map(|row| row.get::<_, Option<String>>(0).as_deref() == Some("leak"))
+                }
+            }));
+        }
+        for task in tasks {
+            leaked += u32::from(task.await.unwrap().unwrap());
+        }
+    }
+    assert_eq!(leaked, 0, "a neighbour saw another query's SET LOCAL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_raising_the_skip_code_itself_is_never_run_again() {
+    let sequence = unique("skipcode");
+    let admin = admin().await;
+    admin
+        .batch_execute(&format!("CREATE SEQUENCE {sequence}"))
+        .await
+        .unwrap();
+    let pool = builder(&app("skipcode"))
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let sql = format!(
+        "DO $$ BEGIN PERFORM nextval('{sequence}'); \
+         RAISE EXCEPTION 'mine' USING ERRCODE = 'PP001'; END $$"
+    );
+    let error = pool.execute(&sql, &[]).await.unwrap_err();
+    assert_eq!(error.code().map(|c| c.code()), Some("PP001"));
+    assert!(!error.to_string().is_empty());
+    let ran: i64 = admin
+        .query_one(&format!("SELECT last_value FROM {sequence}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ran, 1, "the statement ran {ran} times");
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {sequence}"))
+        .await
+        .unwrap();
+}

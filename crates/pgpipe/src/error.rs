@@ -135,6 +135,16 @@ struct Inner {
     ran: bool,
 }
 
+/// A skipped-query error the read-group rewriter made: its SQLSTATE, and
+/// source fields that no SQL can set (a function's `RAISE … ERRCODE =
+/// 'PP001'` is the function's own error, never taken for a skip).
+fn is_skip(db: &tokio_postgres::error::DbError) -> bool {
+    use crate::protocol::coalesce::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
+    db.code().code() == SKIPPED
+        && db.file() == Some(SKIP_FILE)
+        && db.routine() == Some(SKIP_ROUTINE)
+}
+
 /// The cause, kept typed so that `as_db_error` works without downcasting
 /// through boxes.
 enum Source {
@@ -360,9 +370,7 @@ impl Error {
                 None => ErrorKind::Protocol,
             }
         };
-        let skipped = error
-            .as_db_error()
-            .is_some_and(|db| db.code().code() == crate::protocol::coalesce::SKIPPED);
+        let skipped = error.as_db_error().is_some_and(is_skip);
         let error = Error::with_pg(kind, error);
         if skipped { error.unsent() } else { error }
     }
@@ -370,8 +378,7 @@ impl Error {
     /// The server skipped it because an earlier read in its group failed:
     /// it never ran (see `protocol::coalesce`).
     pub(crate) fn is_skipped(&self) -> bool {
-        self.code()
-            .is_some_and(|code| code.code() == crate::protocol::coalesce::SKIPPED)
+        self.as_db_error().is_some_and(is_skip)
     }
 
     /// Like [`from_query`](Error::from_query), for a prepare failure shared

@@ -36,12 +36,34 @@ use std::collections::VecDeque;
 /// its group failed (class `PP` is not PostgreSQL's).
 pub(crate) const SKIPPED: &str = "PP001";
 
-const BIND: u8 = 1;
-const EXECUTE: u8 = 2;
-const OTHER: u8 = 4;
+/// Most queries under one Sync: one failure skips the rest of its group,
+/// and skipped queries run again, so a group stays small enough that a
+/// failure costs little.
+const MAX_GROUP: u64 = 32;
+
+/// What the request being written holds so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Building {
+    /// Nothing yet.
+    #[default]
+    Empty,
+    /// One `Bind` of the unnamed portal to a groupable statement.
+    Bound,
+    /// … then one `Execute` of the unnamed portal with no row limit: the
+    /// only shape whose `Sync` may be dropped.
+    Plain,
+    /// Anything else.
+    Other,
+}
+
+/// The identity of the skipped-query errors the rewriter makes, in fields
+/// no SQL can set (`RAISE` sets neither the source file nor the routine):
+/// a query's own error with SQLSTATE `PP001` is never taken for a skip.
+pub(crate) const SKIP_FILE: &str = "pgpipe/protocol/coalesce.rs";
+pub(crate) const SKIP_ROUTINE: &str = "pgpipe_read_group_skip";
 
 /// Message boundaries in one direction, with their offsets in the stream.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Walk {
     header: [u8; 5],
     header_len: usize,
@@ -51,15 +73,64 @@ struct Walk {
     total: u64,
     /// Where the message being read started.
     start: u64,
+    /// The first bytes of a `Bind`, `Execute` or `Close` body (portal,
+    /// statement name, row limit).
+    prefix: [u8; PREFIX],
+    prefix_len: usize,
+    /// A `Parse` body (statement name and SQL), up to [`MAX_PARSE`] bytes.
+    parse: Vec<u8>,
+    parse_whole: bool,
 }
 
-/// One complete message: its type and where it starts and ends in the
-/// stream.
-#[derive(Debug, Clone, Copy)]
+impl Default for Walk {
+    fn default() -> Walk {
+        Walk {
+            header: [0; 5],
+            header_len: 0,
+            body_left: 0,
+            kind: 0,
+            total: 0,
+            start: 0,
+            prefix: [0; PREFIX],
+            prefix_len: 0,
+            parse: Vec::new(),
+            parse_whole: false,
+        }
+    }
+}
+
+/// Longest `Parse` body read: a longer statement keeps its own `Sync`.
+const MAX_PARSE: usize = 64 * 1024;
+
+/// How much of a `Bind` or `Execute` body is kept.
+const PREFIX: usize = 64;
+
+/// One complete message: its type, where it starts and ends in the
+/// stream, and for `Bind` and `Execute` the start of its body.
+#[derive(Debug, Clone)]
 struct Message {
     kind: u8,
     start: u64,
     end: u64,
+    prefix: [u8; PREFIX],
+    prefix_len: usize,
+    /// For `Parse`: its whole body, if it was no longer than [`MAX_PARSE`].
+    parse: Option<Vec<u8>>,
+}
+
+/// The NUL-terminated string at the start of `bytes`, and the rest.
+fn cstring(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let nul = bytes.iter().position(|&b| b == 0)?;
+    Some((&bytes[..nul], &bytes[nul + 1..]))
+}
+
+impl Message {
+    /// The first NUL-terminated string of the body, and what follows it.
+    fn split(&self) -> Option<(&[u8], &[u8])> {
+        let body = &self.prefix[..self.prefix_len];
+        let nul = body.iter().position(|&b| b == 0)?;
+        Some((&body[..nul], &body[nul + 1..]))
+    }
 }
 
 impl Walk {
@@ -79,12 +150,24 @@ impl Walk {
                     continue;
                 }
                 self.kind = self.header[0];
+                self.prefix_len = 0;
+                self.parse.clear();
                 let [_, a, b, c, d] = self.header;
                 // The length counts itself; a shorter one is malformed and
                 // read as empty (the server rejects it anyway).
                 self.body_left = (u32::from_be_bytes([a, b, c, d]) as usize).saturating_sub(4);
+                self.parse_whole = self.body_left <= MAX_PARSE;
             } else {
                 let take = self.body_left.min(bytes.len() - i);
+                if matches!(self.kind, b'B' | b'E' | b'C') && self.prefix_len < PREFIX {
+                    let keep = take.min(PREFIX - self.prefix_len);
+                    self.prefix[self.prefix_len..self.prefix_len + keep]
+                        .copy_from_slice(&bytes[i..i + keep]);
+                    self.prefix_len += keep;
+                }
+                if self.kind == b'P' && self.parse.len() + take <= MAX_PARSE {
+                    self.parse.extend_from_slice(&bytes[i..i + take]);
+                }
                 self.body_left -= take;
                 i += take;
             }
@@ -94,6 +177,10 @@ impl Walk {
                     kind: self.kind,
                     start: self.start,
                     end: self.total + i as u64,
+                    prefix: self.prefix,
+                    prefix_len: self.prefix_len,
+                    parse: (self.kind == b'P' && self.parse_whole)
+                        .then(|| std::mem::take(&mut self.parse)),
                 });
             }
         }
@@ -125,7 +212,7 @@ pub(crate) struct Coalescer {
     outbound: Walk,
     inbound: Walk,
     /// What the request being written holds so far.
-    building: u8,
+    building: Building,
     /// Requests written and not yet answered: whether each lost its `Sync`.
     requests: VecDeque<bool>,
     /// The server is skipping to the end of a failed group.
@@ -134,6 +221,10 @@ pub(crate) struct Coalescer {
     group: u64,
     /// Reusable event buffer.
     messages: Vec<Message>,
+    /// Named statements prepared on this connection whose SQL may share a
+    /// group ([`groupable`](super::sql_guard::groupable)), learned from
+    /// their `Parse` and forgotten at their `Close`.
+    groupable: rustc_hash::FxHashSet<Box<[u8]>>,
     /// Server bytes not yet passed on (a message not yet whole), from
     /// stream offset `emitted`.
     carry: Vec<u8>,
@@ -168,16 +259,31 @@ impl Coalescer {
         self.outbound.feed(buf, &mut messages);
         let mut copied = 0;
         for message in &messages {
-            match message.kind {
-                b'B' => self.building |= BIND,
-                b'E' => self.building |= EXECUTE,
-                b'S' => {
+            self.building = match (self.building, message.kind) {
+                // Bind: portal "", then a statement the pool let into groups.
+                (Building::Empty, b'B') => match message.split() {
+                    Some((b"", rest)) => {
+                        let statement = rest.iter().position(|&b| b == 0).map(|n| &rest[..n]);
+                        if statement.is_some_and(|name| self.groupable.contains(name)) {
+                            Building::Bound
+                        } else {
+                            Building::Other
+                        }
+                    }
+                    _ => Building::Other,
+                },
+                // Execute: portal "", no row limit.
+                (Building::Bound, b'E') => match message.split() {
+                    Some((b"", [0, 0, 0, 0, ..])) => Building::Plain,
+                    _ => Building::Other,
+                },
+                (building, b'S') => {
                     let end = (message.end - base) as usize;
-                    let whole = message.start >= base;
                     let shareable = group
-                        && whole
-                        && self.building == BIND | EXECUTE
-                        && buf.get(end) == Some(&b'B');
+                        && building == Building::Plain
+                        && message.start >= base
+                        && buf.get(end) == Some(&b'B')
+                        && self.group + 1 < MAX_GROUP;
                     if shareable {
                         let start = (message.start - base) as usize;
                         out.extend_from_slice(&buf[copied..start]);
@@ -189,18 +295,55 @@ impl Coalescer {
                         self.group = 0;
                     }
                     self.requests.push_back(shareable);
-                    self.building = 0;
+                    Building::Empty
                 }
                 // Answered by a ReadyForQuery of their own.
-                b'Q' | b'F' => {
+                (_, b'Q' | b'F') => {
                     self.requests.push_back(false);
-                    self.building = 0;
+                    Building::Empty
                 }
-                _ => self.building |= OTHER,
-            }
+                // A statement being prepared: its SQL says whether its
+                // later Binds may join groups.
+                (_, b'P') => {
+                    self.learn(message);
+                    Building::Other
+                }
+                // A statement closed (evicted from the pool's cache).
+                (_, b'C') => {
+                    let body = &message.prefix[..message.prefix_len];
+                    if let Some((b'S', rest)) = body.split_first() {
+                        if let Some((name, _)) = cstring(rest) {
+                            self.groupable.remove(name);
+                        }
+                    }
+                    Building::Other
+                }
+                _ => Building::Other,
+            };
         }
         out.extend_from_slice(&buf[copied..]);
         self.messages = messages;
+    }
+
+    /// Notes a named statement's SQL, from its `Parse`.
+    fn learn(&mut self, message: &Message) {
+        let Some(body) = &message.parse else { return };
+        let Some((name, rest)) = cstring(body) else {
+            return;
+        };
+        let Some((sql, _)) = cstring(rest) else {
+            return;
+        };
+        let groupable =
+            !name.is_empty() && std::str::from_utf8(sql).is_ok_and(super::sql_guard::groupable);
+        if groupable {
+            if self.groupable.len() >= MAX_NAMES {
+                self.groupable.clear();
+            }
+            self.groupable.insert(name.into());
+        } else {
+            self.groupable.remove(name);
+        }
     }
 
     /// Copies what the server sent into `out`, with a `ReadyForQuery` at
@@ -220,7 +363,7 @@ impl Coalescer {
         self.inbound.feed(bytes, &mut messages);
         let emitted = self.emitted;
         let mut copied = 0;
-        let mut result = Ok(());
+        let mut result: Result<(), (Confused, usize)> = Ok(());
         for message in &messages {
             let (start, end) = (
                 (message.start - emitted) as usize,
@@ -231,12 +374,12 @@ impl Coalescer {
                 continue;
             }
             let Some(&shared) = self.requests.front() else {
-                result = Err(Confused("an answer to no request"));
+                result = Err((Confused("an answer to no request"), start));
                 break;
             };
             if self.skipping {
                 if message.kind != b'Z' {
-                    result = Err(Confused("an answer where the server skips"));
+                    result = Err((Confused("an answer where the server skips"), start));
                     break;
                 }
                 // The group's Sync: every query up to it was skipped, and
@@ -263,7 +406,7 @@ impl Coalescer {
                     self.skipping = message.kind == b'E';
                 }
                 (true, _) => {
-                    result = Err(Confused("an unexpected message in a read group"));
+                    result = Err((Confused("an unexpected message in a read group"), start));
                     break;
                 }
                 (false, b'Z') => {
@@ -278,18 +421,31 @@ impl Coalescer {
                 (false, _) => {}
             }
         }
-        // Up to the end of the last whole message.
-        let whole = messages
-            .last()
-            .map_or(0, |m| (m.end - emitted) as usize)
-            .max(copied);
+        // Up to the end of the last whole message, or on confusion up to
+        // the message that confused it: what was answered before it is
+        // delivered, nothing from it on.
+        let whole = match &result {
+            Err((_, at)) => *at,
+            Ok(()) => messages.last().map_or(0, |m| (m.end - emitted) as usize),
+        }
+        .max(copied);
         out.extend_from_slice(&self.carry[copied..whole]);
         self.carry.drain(..whole);
+        if self.carry.capacity() > SHRINK_ABOVE && self.carry.len() < SHRINK_ABOVE / 4 {
+            self.carry.shrink_to(SHRINK_ABOVE / 4);
+        }
         self.emitted += whole as u64;
         self.messages = messages;
-        result
+        result.map_err(|(confused, _)| confused)
     }
 }
+
+/// Most statement names remembered as groupable (the pool's cache closes
+/// what it evicts, so this bound is only a backstop).
+const MAX_NAMES: usize = 4096;
+
+/// Buffers past this size are given back once they empty.
+pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;
 
 /// `ReadyForQuery`, idle.
 fn ready(out: &mut Vec<u8>) {
@@ -307,6 +463,8 @@ fn skipped_error(out: &mut Vec<u8>) {
             b'M',
             "not run: an earlier query in its read group failed (pgpipe runs it again)",
         ),
+        (b'F', SKIP_FILE),
+        (b'R', SKIP_ROUTINE),
     ] {
         body.push(field);
         body.extend_from_slice(value.as_bytes());
@@ -331,12 +489,18 @@ mod tests {
 
     /// Bind, Execute, Sync: one tokio-postgres query.
     fn query(n: u8) -> Vec<u8> {
+        let bind = [b"\0s".as_slice(), &[b'0' + n], b"\0\0\0\0\0\0\0"].concat();
         [
-            message(b'B', &[n; 7]),
+            message(b'B', &bind),
             message(b'E', &[0; 5]),
             message(b'S', &[]),
         ]
         .concat()
+    }
+
+    fn parse(name: &str, sql: &str) -> Vec<u8> {
+        let body = [name.as_bytes(), b"\0", sql.as_bytes(), b"\0\0\0"].concat();
+        message(b'P', &body)
     }
 
     fn kinds(bytes: &[u8]) -> Vec<u8> {
@@ -346,9 +510,13 @@ mod tests {
         done.iter().map(|m| m.kind).collect()
     }
 
+    /// Armed, with statements s0 … s9 known to be groupable.
     fn armed() -> Coalescer {
         let mut c = Coalescer::default();
         c.arm();
+        for n in 0..10 {
+            c.groupable.insert(format!("s{n}").into_bytes().into());
+        }
         c
     }
 
@@ -425,6 +593,96 @@ mod tests {
         // An answer with no request.
         let mut c = armed();
         assert!(c.inbound(&message(b'C', b"x"), &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn only_plain_binds_of_groupable_statements_give_up_their_sync() {
+        let write = [query(1), query(2), query(3)].concat();
+        // Statement s2 was not let into groups: it keeps its Sync, and so
+        // does the query before it (nothing joins a group with it after).
+        let mut c = armed();
+        c.groupable.remove(b"s2".as_slice());
+        let mut out = Vec::new();
+        c.outbound(&write, true, &mut out);
+        assert_eq!(c.requests, [true, false, false]);
+        // Learned from Parse: a plain read joins, SET LOCAL does not, and a
+        // Close forgets.
+        let mut c = Coalescer::default();
+        c.arm();
+        let mut out = Vec::new();
+        let prepares = [
+            parse("s1", "SELECT $1::int8"),
+            parse("s2", "SET LOCAL statement_timeout = 1"),
+            message(b'S', &[]),
+        ]
+        .concat();
+        c.outbound(&prepares, true, &mut out);
+        assert!(c.groupable.contains(b"s1".as_slice()));
+        assert!(!c.groupable.contains(b"s2".as_slice()));
+        c.outbound(
+            &[message(b'C', b"Ss1\0"), message(b'S', &[])].concat(),
+            true,
+            &mut out,
+        );
+        assert!(!c.groupable.contains(b"s1".as_slice()));
+        // A row limit, a named portal, two Binds: not the plain shape.
+        let limited = [
+            message(b'B', b"\0s1\0\0\0\0\0\0\0"),
+            message(b'E', &[0, 0, 0, 0, 10]),
+            message(b'S', &[]),
+        ]
+        .concat();
+        let portal = [
+            message(b'B', b"p\0s1\0\0\0\0\0\0\0"),
+            message(b'E', b"p\0\0\0\0\0"),
+            message(b'S', &[]),
+        ]
+        .concat();
+        let twice = [
+            message(b'B', b"\0s1\0\0\0\0\0\0\0"),
+            message(b'E', &[0; 5]),
+            message(b'B', b"\0s1\0\0\0\0\0\0\0"),
+            message(b'E', &[0; 5]),
+            message(b'S', &[]),
+        ]
+        .concat();
+        for odd in [limited, portal, twice] {
+            let mut c = armed();
+            let mut out = Vec::new();
+            c.outbound(&[odd.clone(), query(2)].concat(), true, &mut out);
+            assert!(!c.requests[0], "{odd:?}");
+        }
+        // At most MAX_GROUP queries under one Sync.
+        let mut c = armed();
+        let many: Vec<u8> = (0..100).flat_map(|n| query(n % 9)).collect();
+        let mut out = Vec::new();
+        c.outbound(&many, true, &mut out);
+        let longest = c
+            .requests
+            .iter()
+            .fold((0, 0), |(run, best), &shared| {
+                let run = if shared { run + 1 } else { 0 };
+                (run, best.max(run))
+            })
+            .1;
+        assert_eq!(longest + 1, MAX_GROUP as usize);
+    }
+
+    #[test]
+    fn answers_before_a_confusion_are_delivered_and_nothing_after() {
+        let mut c = armed();
+        let mut out = Vec::new();
+        c.outbound(&[query(1), query(2), query(3)].concat(), true, &mut out);
+        let answers = [
+            message(b'2', &[]),
+            message(b'C', b"SELECT 1\0"),
+            message(b'Z', b"I"),
+            message(b'D', b"leak"),
+        ]
+        .concat();
+        let mut out = Vec::new();
+        assert!(c.inbound(&answers, &mut out).is_err());
+        assert_eq!(kinds(&out), b"2CZ", "the first answer, then nothing");
     }
 
     #[test]

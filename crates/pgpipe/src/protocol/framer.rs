@@ -73,6 +73,11 @@ impl Framer {
         }
     }
 
+    /// Whether it stands between two messages (not inside one).
+    pub(crate) fn at_boundary(&self) -> bool {
+        self.header_len == 0 && self.body_left == 0
+    }
+
     fn header_size(&self) -> usize {
         if self.phase == Phase::Startup { 8 } else { 5 }
     }

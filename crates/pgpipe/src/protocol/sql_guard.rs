@@ -57,6 +57,34 @@ pub(crate) fn check(sql: &str) -> Result<Code, Error> {
     scan(sql, refused).map_err(refusal)
 }
 
+/// Whether a query may share a read group's transaction with its
+/// neighbours (see [`coalesce`](super::coalesce)): code the guard reads,
+/// with no transaction-scoped effect that a neighbour after it could see,
+/// or that a neighbour's failure could undo after it was reported done
+/// (`SET LOCAL`, `set_config(…, true)`, transaction-level advisory locks,
+/// `NOTIFY`). Anything else keeps a transaction of its own. Conservative: a
+/// word that merely looks like one of these (a column named `set`) keeps
+/// its query out of groups, which costs a `Sync`, never correctness.
+pub(crate) fn groupable(sql: &str) -> bool {
+    const BREAKERS: [&str; 8] = [
+        "set",
+        "set_config",
+        "notify",
+        "pg_notify",
+        "pg_advisory_xact_lock",
+        "pg_advisory_xact_lock_shared",
+        "pg_try_advisory_xact_lock",
+        "pg_try_advisory_xact_lock_shared",
+    ];
+    if !matches!(check(sql), Ok(Code::Known)) {
+        return false;
+    }
+    !Lexer::new(sql.as_bytes()).any(|token| match token {
+        Token::Word(word) | Token::Quoted(word) => BREAKERS.iter().any(|b| is(word, b)),
+        _ => false,
+    })
+}
+
 /// Refuses transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an
 /// item of an atomic batch, which runs the transaction itself: a `COMMIT`
 /// there would end it early and leave the rest of the batch outside it.
@@ -450,6 +478,36 @@ fn third_argument_is_true(rest: &[Token<'_>]) -> bool {
 
 fn is(word: &[u8], keyword: &str) -> bool {
     word.eq_ignore_ascii_case(keyword.as_bytes())
+}
+
+#[cfg(test)]
+mod groupable_tests {
+    use super::groupable;
+
+    #[test]
+    fn only_plain_reads_share_a_group() {
+        for sql in [
+            "SELECT $1::int8",
+            "SELECT id, name FROM products WHERE id = $1",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "SELECT now(), pg_sleep(0)",
+        ] {
+            assert!(groupable(sql), "{sql}");
+        }
+        for sql in [
+            "SET LOCAL statement_timeout = 1",
+            "SELECT set_config('app.tenant', '42', true)",
+            "SELECT pg_advisory_xact_lock(1)",
+            "NOTIFY jobs",
+            "SELECT pg_notify('jobs', 'x')",
+            "UPDATE t SET x = 1",
+            "SELECT my_function(1)",
+            "DO $$ BEGIN END $$",
+            "SELECT \"set_config\"('a.b', 'c', true)",
+        ] {
+            assert!(!groupable(sql), "{sql}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::coalesce::Coalescer;
+use super::coalesce::{Coalescer, SHRINK_ABOVE};
 use super::framer::{Framer, Phase};
 use crate::conn::PoolWire;
 use crate::conn::state::ConnState;
@@ -71,6 +71,8 @@ struct Groups {
     /// Rewritten bytes not yet read by the client.
     input: Vec<u8>,
     in_pos: usize,
+    /// The rewriter lost step: returned once what came before is read.
+    failed: Option<super::coalesce::Confused>,
 }
 
 /// How much is read from the socket at once on a connection that groups
@@ -242,12 +244,11 @@ impl<S> TappedStream<S> {
     /// Arms the rewriter at the first ReadyForQuery: start-up is done and
     /// nothing else was written.
     fn arm_groups(&mut self) {
-        let plaintext = self.outbound.phase == Phase::Typed;
+        let ready = self.outbound.phase == Phase::Typed
+            && self.inbound.at_boundary()
+            && self.state.readies.load(Ordering::Acquire) > 0;
         if let Some(groups) = self.groups.as_mut() {
-            if !groups.rewriter.is_armed()
-                && plaintext
-                && self.state.readies.load(Ordering::Acquire) > 0
-            {
+            if ready && !groups.rewriter.is_armed() {
                 groups.rewriter.arm();
             }
         }
@@ -304,18 +305,28 @@ impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
                 groups.in_pos = from + n;
                 return Poll::Ready(Ok(()));
             }
+            if groups.input.capacity() > SHRINK_ABOVE {
+                groups.input = Vec::new();
+            }
+            if let Some(confused) = groups.failed.take() {
+                crate::trace::pool_warn!(error = %confused, "closing a connection");
+                return Poll::Ready(Err(io::Error::other(confused)));
+            }
             let mut chunk = [0u8; READ_CHUNK];
             let mut read = ReadBuf::new(&mut chunk);
             std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
             if read.filled().is_empty() {
                 return Poll::Ready(Ok(())); // end of stream
             }
+            // Bytes arrived: progress, for the stall watchdog, even while a
+            // large message is still being gathered.
+            let now = this.pool.ticks();
+            this.state.last_progress_tick.store(now, Ordering::Relaxed);
             let groups = this.groups.as_mut().expect("grouping");
             groups.input.clear();
             groups.in_pos = 0;
             if let Err(confused) = groups.rewriter.inbound(read.filled(), &mut groups.input) {
-                crate::trace::pool_warn!(error = %confused, "closing a connection");
-                return Poll::Ready(Err(io::Error::other(confused)));
+                groups.failed = Some(confused);
             }
         }
     }
@@ -339,6 +350,9 @@ impl<S: AsyncWrite + Unpin> TappedStream<S> {
         }
         groups.out.clear();
         groups.out_pos = 0;
+        if groups.out.capacity() > SHRINK_ABOVE {
+            groups.out = Vec::new();
+        }
         Poll::Ready(Ok(()))
     }
 }
