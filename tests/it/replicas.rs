@@ -38,6 +38,15 @@ fn pool_over(set: &ReplicaSet, registry: &Registry) -> PoolBuilder {
         .wait_timeout(Duration::from_secs(10))
 }
 
+/// A table of the test's own on the pool's primary; its name.
+async fn create_table(pool: &Pool, prefix: &str, columns: &str) -> String {
+    let table = unique(prefix);
+    pool.execute(&format!("CREATE TABLE {table} ({columns})"), &[])
+        .await
+        .unwrap();
+    table
+}
+
 async fn server_port(rows: Vec<tokio_postgres::Row>) -> u16 {
     let port: i32 = rows[0].get(0);
     u16::try_from(port).unwrap()
@@ -206,13 +215,7 @@ async fn a_lagging_standby_leaves_the_rotation_and_comes_back_and_an_idle_one_re
         .max_replica_lag(Duration::from_millis(500))
         .build()
         .unwrap();
-    let table = unique("lag");
-    pool.execute(
-        &format!("CREATE TABLE {table} (id bigserial, at timestamptz)"),
-        &[],
-    )
-    .await
-    .unwrap();
+    let table = create_table(&pool, "lag", "id bigserial, at timestamptz").await;
     let (lagging, fresh) = (&set.standbys[0], &set.standbys[1]);
     let paused = connect(&lagging.url()).await.unwrap();
     paused
@@ -297,10 +300,7 @@ async fn read_your_writes_always_finds_the_row_and_a_plain_read_does_not() {
         .host_recheck(Duration::from_millis(250))
         .build()
         .unwrap();
-    let table = unique("ryw");
-    pool.execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"), &[])
-        .await
-        .unwrap();
+    let table = create_table(&pool, "ryw", "id int8 PRIMARY KEY").await;
     assert!(set.wait_caught_up(Duration::from_secs(10)).await);
     let insert = format!("INSERT INTO {table} VALUES ($1)");
     let select = format!("SELECT id FROM {table} WHERE id = $1");
@@ -372,10 +372,7 @@ async fn failover_under_load_loses_no_acknowledged_write_and_split_brain_gets_no
         .failover_wait(Duration::from_secs(5))
         .build()
         .unwrap();
-    let table = unique("failover");
-    pool.execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"), &[])
-        .await
-        .unwrap();
+    let table = create_table(&pool, "failover", "id int8 PRIMARY KEY").await;
     let insert = format!("INSERT INTO {table} VALUES ($1)");
     let running = Arc::new(AtomicU64::new(1));
     let mut tasks = Vec::new();
@@ -551,10 +548,7 @@ async fn a_write_route_that_lands_on_a_reader_is_retried_once_on_the_real_primar
         .host_recheck(Duration::from_secs(600))
         .build()
         .unwrap();
-    let table = unique("moved");
-    pool.execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"), &[])
-        .await
-        .unwrap();
+    let table = create_table(&pool, "moved", "id int8 PRIMARY KEY").await;
     let scrape = Scrape::of(&registry);
     assert_eq!(
         scrape.value("pgpipe_primary_conflicts_total", &[]),
@@ -720,13 +714,7 @@ async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_new_write() {
         .failover_wait(Duration::from_secs(10))
         .build()
         .unwrap();
-    let table = unique("diverged");
-    pool.execute(
-        &format!("CREATE TABLE {table} (id int8 PRIMARY KEY, pad text)"),
-        &[],
-    )
-    .await
-    .unwrap();
+    let table = create_table(&pool, "diverged", "id int8 PRIMARY KEY, pad text").await;
     assert!(set.wait_caught_up(Duration::from_secs(10)).await);
     let (promoted, diverged) = (&set.standbys[0], &set.standbys[1]);
     // s1 stops; the primary writes on, and only s2 receives it: s2 ends up

@@ -31,7 +31,6 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, Box<dyn std::error::Error>>
     let proxies: Vec<Proxy> = servers
         .map(|server| Proxy::builder(server.addr()).start())
         .collect::<Result<_, _>>()?;
-    let url = |proxy: &Proxy| format!("postgres://postgres@{}/postgres", proxy.addr());
     let table = format!("pgpipe_bench_ryw_{}", std::process::id());
     let admin = pgpipe_test_support::connect(&set.primary.url()).await?;
     admin
@@ -58,15 +57,9 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, Box<dyn std::error::Error>>
         }
         let mut base = None;
         for standbys in 0..=2usize {
-            let replicas: Vec<String> = proxies[1..=standbys].iter().map(url).collect();
             let mut rounds = Vec::new();
             for _ in 0..plan.rounds {
-                let pool = Pool::builder()
-                    .primary(&url(&proxies[0]))
-                    .replicas(replicas.iter().map(String::as_str))
-                    .max_size(4)
-                    .pipelining(true)
-                    .build()?;
+                let pool = pool_of(&proxies, standbys)?;
                 rounds.push(reads(&pool, tasks, plan.warmup, plan.duration).await);
                 pool.close();
             }
@@ -88,13 +81,7 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, Box<dyn std::error::Error>>
     println!();
     println!("| RTT | `execute` | `execute_tracked` | overhead per write |");
     println!("|---|---|---|---|");
-    let replicas: Vec<String> = proxies[1..].iter().map(url).collect();
-    let pool = Pool::builder()
-        .primary(&url(&proxies[0]))
-        .replicas(replicas.iter().map(String::as_str))
-        .max_size(4)
-        .pipelining(true)
-        .build()?;
+    let pool = pool_of(&proxies, 2)?;
     let insert = format!("INSERT INTO {table} VALUES ($1)");
     let mut id = 0i64;
     for &delay in &plan.delays_us {
@@ -123,6 +110,23 @@ pub(crate) async fn run(plan: &Plan) -> Result<bool, Box<dyn std::error::Error>>
     }
     admin.batch_execute(&format!("DROP TABLE {table}")).await?;
     Ok(clean)
+}
+
+/// The URL of a server through its proxy.
+fn url(proxy: &Proxy) -> String {
+    format!("postgres://postgres@{}/postgres", proxy.addr())
+}
+
+/// pgpipe on (4 per lane) over the primary (the first proxy) and
+/// `standbys` standbys.
+fn pool_of(proxies: &[Proxy], standbys: usize) -> Result<Pool, pgpipe::Error> {
+    let replicas: Vec<String> = proxies[1..=standbys].iter().map(url).collect();
+    Pool::builder()
+        .primary(&url(&proxies[0]))
+        .replicas(replicas.iter().map(String::as_str))
+        .max_size(4)
+        .pipelining(true)
+        .build()
 }
 
 /// Closed-loop reads from `tasks` tasks: warm-up, then the measured window.
