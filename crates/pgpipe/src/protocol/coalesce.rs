@@ -346,6 +346,44 @@ impl Coalescer {
         }
     }
 
+    /// Whether what the server sends next needs no rewriting: no request
+    /// lost its `Sync`, the server skips nothing, and nothing is held back.
+    /// Its bytes may then go to the client as they are (see
+    /// [`pass`](Coalescer::pass)), with no copy.
+    pub(crate) fn passes_through(&self) -> bool {
+        !self.armed || (!self.skipping && self.carry.is_empty() && !self.requests.contains(&true))
+    }
+
+    /// Follows server bytes that go to the client unchanged (only when
+    /// [`passes_through`](Coalescer::passes_through)): the requests they
+    /// answer are done.
+    pub(crate) fn pass(&mut self, bytes: &[u8]) -> Result<(), Confused> {
+        if !self.armed {
+            return Ok(());
+        }
+        let mut messages = std::mem::take(&mut self.messages);
+        messages.clear();
+        self.inbound.feed(bytes, &mut messages);
+        self.emitted += bytes.len() as u64;
+        let mut result = Ok(());
+        for message in &messages {
+            match message.kind {
+                b'N' | b'A' | b'S' => {}
+                _ if self.requests.is_empty() => {
+                    result = Err(Confused("an answer to no request"));
+                    break;
+                }
+                // COPY FROM STDIN: see `inbound`.
+                b'Z' | b'G' => {
+                    self.requests.pop_front();
+                }
+                _ => {}
+            }
+        }
+        self.messages = messages;
+        result
+    }
+
     /// Copies what the server sent into `out`, with a `ReadyForQuery` at
     /// the end of each answer whose `Sync` was dropped, and an error for
     /// each query the server skipped. Only whole messages go out: the rest
@@ -365,8 +403,10 @@ impl Coalescer {
         let mut copied = 0;
         let mut result: Result<(), (Confused, usize)> = Ok(());
         for message in &messages {
+            // A message may have begun in bytes that went out unchanged
+            // (see `pass`): nothing is ever inserted before such a one.
             let (start, end) = (
-                (message.start - emitted) as usize,
+                message.start.saturating_sub(emitted) as usize,
                 (message.end - emitted) as usize,
             );
             // Notices, notifications and reported settings come at any time.
@@ -683,6 +723,44 @@ mod tests {
         let mut out = Vec::new();
         assert!(c.inbound(&answers, &mut out).is_err());
         assert_eq!(kinds(&out), b"2CZ", "the first answer, then nothing");
+    }
+
+    #[test]
+    fn answers_that_need_no_rewriting_pass_as_they_are() {
+        let mut c = armed();
+        let mut out = Vec::new();
+        // A prepare and a lone query: nothing lost its Sync.
+        let prepare = [parse("s1", "SELECT 1"), message(b'S', &[])].concat();
+        c.outbound(&[prepare, query(1)].concat(), true, &mut out);
+        assert!(c.passes_through());
+        let answers = [
+            message(b'1', &[]),
+            message(b'Z', b"I"),
+            message(b'2', &[]),
+            message(b'C', b"SELECT 1\0"),
+        ]
+        .concat();
+        // Split inside a message: the rest follows on the slow path after a
+        // grouped write, and still lines up.
+        let (first, rest) = answers.split_at(answers.len() - 3);
+        c.pass(first).unwrap();
+        c.outbound(&[query(2), query(3)].concat(), true, &mut out);
+        assert!(!c.passes_through());
+        let mut delivered = Vec::new();
+        let more = [
+            rest,
+            &message(b'Z', b"I"),
+            &message(b'2', &[]),
+            &message(b'C', b"x\0"),
+            &message(b'2', &[]),
+            &message(b'C', b"y\0"),
+            &message(b'Z', b"I"),
+        ]
+        .concat();
+        c.inbound(&more, &mut delivered).unwrap();
+        assert!(c.requests.is_empty());
+        assert_eq!(&delivered[..3], rest);
+        assert_eq!(kinds(&delivered[3..]), b"Z2CZ2CZ");
     }
 
     #[test]

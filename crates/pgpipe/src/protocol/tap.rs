@@ -312,6 +312,23 @@ impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
                 crate::trace::pool_warn!(error = %confused, "closing a connection");
                 return Poll::Ready(Err(io::Error::other(confused)));
             }
+            // Nothing to rewrite in what comes next: straight into the
+            // client's buffer, no copy.
+            if groups.rewriter.passes_through() {
+                let before = buf.filled().len();
+                std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+                let filled = &buf.filled()[before..];
+                if filled.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                let groups = this.groups.as_mut().expect("grouping");
+                if let Err(confused) = groups.rewriter.pass(filled) {
+                    crate::trace::pool_warn!(error = %confused, "closing a connection");
+                    return Poll::Ready(Err(io::Error::other(confused)));
+                }
+                this.observe_read(&buf.filled()[before..]);
+                return Poll::Ready(Ok(()));
+            }
             let mut chunk = [0u8; READ_CHUNK];
             let mut read = ReadBuf::new(&mut chunk);
             std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
