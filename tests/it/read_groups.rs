@@ -38,6 +38,9 @@ async fn reads_share_syncs_and_every_answer_and_error_stays_with_its_caller() {
         .unwrap();
     pool.read().query("SELECT 1", &[]).await.unwrap();
     let before = proxy.stats();
+    let scraped = Scrape::of(&registry);
+    let written_before = scraped.value("pgpipe_pipeline_batch_size", &[]);
+    let saved_before = scraped.value("pgpipe_read_group_syncs_saved_total", &[]);
     let seen = Arc::new(Seen::default());
     let mut tasks = Vec::new();
     for task in 0..512u64 {
@@ -89,8 +92,16 @@ async fn reads_share_syncs_and_every_answer_and_error_stays_with_its_caller() {
     let after = proxy.stats();
     let syncs = after.upstream.messages - before.upstream.messages;
     let scrape = Scrape::of(&registry);
-    let saved = scrape.value("pgpipe_read_group_syncs_saved_total", &[]);
+    let saved = scrape.value("pgpipe_read_group_syncs_saved_total", &[]) - saved_before;
     let resent = scrape.value("pgpipe_read_group_resent_total", &[]);
+    // The metrics against the proxy's own count: every Sync tokio-postgres
+    // wrote, less those the tap dropped, is what reached the server.
+    let written = scrape.value("pgpipe_pipeline_batch_size", &[]) - written_before;
+    let expected = written - saved;
+    assert!(
+        (syncs as f64 - expected).abs() <= expected * 0.01 + 16.0,
+        "the proxy counted {syncs} Syncs; the pool wrote {written} and dropped {saved}"
+    );
     pgpipe_test_support::notice(&format!(
         "read groups: {seen:?}; {syncs} Syncs through the proxy for 102,400 reads; \
          {saved} saved; {resent} run again after a skip"
