@@ -459,3 +459,45 @@ async fn an_atomic_batch_is_one_round_trip_once_prepared() {
     assert_eq!(count(&pool, &table).await, 40);
     drop_table(&table).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_batches_take_at_most_half_a_pipelined_pool_and_reads_go_on_beside_them() {
+    let app = app("batchquota");
+    let pool = builder(&app).max_size(4).pipelining(true).build().unwrap();
+    let mut batches = Vec::new();
+    for _ in 0..6 {
+        let pool = pool.clone();
+        batches.push(tokio::spawn(async move {
+            let mut batch = pool.atomic_batch();
+            batch.query("SELECT pg_sleep(0.3)", &[]);
+            batch.run().await
+        }));
+    }
+    let admin = admin().await;
+    let mut most = 0;
+    let mut reads = 0;
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_millis(700) {
+        let sleeping: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND query LIKE '%pg_sleep%' AND state = 'active'",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        most = most.max(sleeping);
+        let row = pool.query_one("SELECT $1::int8", &[&reads]).await.unwrap();
+        assert_eq!(row.get::<_, i64>(0), reads);
+        reads += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for batch in batches {
+        for result in batch.await.unwrap().unwrap() {
+            result.unwrap();
+        }
+    }
+    assert_eq!(most, 2, "atomic batches at once on a pool of 4");
+    assert!(reads > 10, "reads went on beside the batches: {reads}");
+}

@@ -52,6 +52,8 @@ impl Batch<'_> {
             return Err(Error::closed());
         }
         housekeeping::start(inner);
+        // Held until the batch is done (and its connection back).
+        let _place = inner.atomic_batch_place().await?;
         let conn = inner.checkout(Holder::Pool).await?;
         let target = Target {
             heal: false,
