@@ -501,3 +501,45 @@ async fn atomic_batches_take_at_most_half_a_pipelined_pool_and_reads_go_on_besid
     assert_eq!(most, 2, "atomic batches at once on a pool of 4");
     assert!(reads > 10, "reads went on beside the batches: {reads}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_batch_that_would_wait_for_its_own_task_is_a_deadlock_at_once() {
+    let pool = builder(&app("batchdeadlock"))
+        .max_size(4)
+        .pipelining(true)
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    // This task holds every exclusive place (max_exclusive = 3) …
+    let held = [
+        pool.get().await.unwrap(),
+        pool.get().await.unwrap(),
+        pool.get().await.unwrap(),
+    ];
+    // … two other tasks' atomic batches take both batch places and wait
+    // for a connection this task holds …
+    let others: Vec<_> = (0..2i64)
+        .map(|i| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut batch = pool.atomic_batch();
+                batch.query("SELECT $1::int8", &[&i]);
+                batch.run().await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // … so its own batch could only wait for itself.
+    let started = std::time::Instant::now();
+    let mut batch = pool.atomic_batch();
+    batch.query("SELECT 1", &[]);
+    let error = batch.run().await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::Deadlock, "{error}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    drop(held);
+    for other in others {
+        for result in other.await.unwrap().unwrap() {
+            result.unwrap();
+        }
+    }
+}

@@ -659,16 +659,24 @@ impl PoolInner {
     }
 
     /// With pipelining, a place among the atomic batches that may run at
-    /// once, waited for at most `wait_timeout`; `None` (no wait) without.
+    /// once, waited for until `deadline`; `None` (no wait) without. A task
+    /// that holds every exclusive place there is gets `Deadlock` at once,
+    /// as its checkout would.
     pub(crate) async fn atomic_batch_place(
         &self,
+        deadline: tokio::time::Instant,
     ) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, Error> {
         let Some(quota) = &self.atomic_batches else {
             return Ok(None);
         };
-        match tokio::time::timeout_at(deadline_after(self.config.wait_timeout), quota.acquire())
-            .await
-        {
+        match quota.try_acquire() {
+            Ok(permit) => return Ok(Some(permit)),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(Error::closed()),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
+        self.exclusive.would_wait_for_itself()?;
+        let _waiting = self.exclusive.waiting_for_place();
+        match tokio::time::timeout_at(deadline, quota.acquire()).await {
             Ok(Ok(permit)) => Ok(Some(permit)),
             Ok(Err(_)) => Err(Error::closed()),
             Err(_) => Err(Error::timeout(
@@ -726,6 +734,18 @@ impl PoolInner {
     pub(crate) async fn checkout(self: &Arc<Self>, holder: Holder) -> Result<Connection, Error> {
         housekeeping::start(self);
         self.exclusive.checkout(&self.router, holder).await
+    }
+
+    /// As [`checkout`](PoolInner::checkout), waiting until `deadline`.
+    pub(crate) async fn checkout_until(
+        self: &Arc<Self>,
+        holder: Holder,
+        deadline: tokio::time::Instant,
+    ) -> Result<Connection, Error> {
+        housekeeping::start(self);
+        self.exclusive
+            .checkout_until(&self.router, holder, deadline)
+            .await
     }
 
     pub(crate) fn status(&self) -> Status {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
+use crate::config::deadline_after;
 use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target};
 use crate::error::{Error, ErrorKind};
@@ -52,9 +53,11 @@ impl Batch<'_> {
             return Err(Error::closed());
         }
         housekeeping::start(inner);
-        // Held until the batch is done (and its connection back).
-        let _place = inner.atomic_batch_place().await?;
-        let conn = inner.checkout(Holder::Pool).await?;
+        // One wait_timeout for the place and the connection together; the
+        // place is held until the batch is done (and its connection back).
+        let deadline = deadline_after(inner.config().wait_timeout);
+        let _place = inner.atomic_batch_place(deadline).await?;
+        let conn = inner.checkout_until(Holder::Pool, deadline).await?;
         let target = Target {
             heal: false,
             ..conn.pg_conn().target()

@@ -104,7 +104,7 @@ impl Drop for Claim {
 
 /// Counts a task as waiting in `get()` until it stops, however it stops
 /// (also when its future is dropped).
-struct Waiting<'a>(&'a AtomicUsize);
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
 
 impl Waiting<'_> {
     fn new(count: &AtomicUsize) -> Waiting<'_> {
@@ -199,21 +199,44 @@ impl Exclusive {
         router: &Arc<Router>,
         holder: Holder,
     ) -> Result<Connection, Error> {
+        self.checkout_until(router, holder, deadline_after(self.wait_timeout))
+            .await
+    }
+
+    /// `Deadlock` if this task already holds every exclusive place there is
+    /// and none is free: waiting for another would wait for itself.
+    pub(crate) fn would_wait_for_itself(&self) -> Result<(), Error> {
+        if self.permits.available_permits() == 0 && self.claims.all_mine() {
+            return Err(Error::new(
+                ErrorKind::Deadlock,
+                "this task already holds every exclusive connection it may \
+                 (max_exclusive); waiting for another would wait for itself",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Counts a task waiting for an exclusive place of another kind (an
+    /// atomic batch's), in [`waiting`](Exclusive::waiting).
+    pub(crate) fn waiting_for_place(&self) -> Waiting<'_> {
+        Waiting::new(&self.waiting_permit)
+    }
+
+    /// As [`checkout`](Exclusive::checkout), waiting until `deadline`.
+    pub(crate) async fn checkout_until(
+        &self,
+        router: &Arc<Router>,
+        holder: Holder,
+        deadline: tokio::time::Instant,
+    ) -> Result<Connection, Error> {
         if self.permits.is_closed() {
             return Err(Error::closed());
         }
-        let deadline = deadline_after(self.wait_timeout);
         let permit = match Arc::clone(&self.permits).try_acquire_owned() {
             Ok(permit) => permit,
             Err(TryAcquireError::Closed) => return Err(Error::closed()),
             Err(TryAcquireError::NoPermits) => {
-                if self.claims.all_mine() {
-                    return Err(Error::new(
-                        ErrorKind::Deadlock,
-                        "this task already holds every exclusive connection it may \
-                         (max_exclusive); waiting for another would wait for itself",
-                    ));
-                }
+                self.would_wait_for_itself()?;
                 let waiting = Waiting::new(&self.waiting_permit);
                 let permits = Arc::clone(&self.permits);
                 let acquired = tokio::time::timeout_at(deadline, permits.acquire_owned()).await;

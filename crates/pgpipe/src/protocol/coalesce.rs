@@ -215,6 +215,8 @@ pub(crate) struct Coalescer {
     building: Building,
     /// Requests written and not yet answered: whether each lost its `Sync`.
     requests: VecDeque<bool>,
+    /// How many of them lost it.
+    grouped: usize,
     /// The server is skipping to the end of a failed group.
     skipping: bool,
     /// Requests in the group being written.
@@ -294,12 +296,12 @@ impl Coalescer {
                         self.groups.push(self.group + 1);
                         self.group = 0;
                     }
-                    self.requests.push_back(shareable);
+                    self.push(shareable);
                     Building::Empty
                 }
                 // Answered by a ReadyForQuery of their own.
                 (_, b'Q' | b'F') => {
-                    self.requests.push_back(false);
+                    self.push(false);
                     Building::Empty
                 }
                 // A statement being prepared: its SQL says whether its
@@ -323,6 +325,17 @@ impl Coalescer {
         }
         out.extend_from_slice(&buf[copied..]);
         self.messages = messages;
+    }
+
+    fn push(&mut self, grouped: bool) {
+        self.grouped += usize::from(grouped);
+        self.requests.push_back(grouped);
+    }
+
+    fn pop(&mut self) -> Option<bool> {
+        let grouped = self.requests.pop_front()?;
+        self.grouped -= usize::from(grouped);
+        Some(grouped)
     }
 
     /// Notes a named statement's SQL, from its `Parse`.
@@ -351,7 +364,7 @@ impl Coalescer {
     /// Its bytes may then go to the client as they are (see
     /// [`pass`](Coalescer::pass)), with no copy.
     pub(crate) fn passes_through(&self) -> bool {
-        !self.armed || (!self.skipping && self.carry.is_empty() && !self.requests.contains(&true))
+        !self.armed || (!self.skipping && self.carry.is_empty() && self.grouped == 0)
     }
 
     /// Follows server bytes that go to the client unchanged (only when
@@ -375,7 +388,7 @@ impl Coalescer {
                 }
                 // COPY FROM STDIN: see `inbound`.
                 b'Z' | b'G' => {
-                    self.requests.pop_front();
+                    self.pop();
                 }
                 _ => {}
             }
@@ -426,7 +439,7 @@ impl Coalescer {
                 // this ReadyForQuery answers the last of them.
                 out.extend_from_slice(&self.carry[copied..start]);
                 copied = start;
-                while let Some(shared) = self.requests.pop_front() {
+                while let Some(shared) = self.pop() {
                     skipped_error(out);
                     if !shared {
                         break;
@@ -442,7 +455,7 @@ impl Coalescer {
                     out.extend_from_slice(&self.carry[copied..end]);
                     copied = end;
                     ready(out);
-                    self.requests.pop_front();
+                    self.pop();
                     self.skipping = message.kind == b'E';
                 }
                 (true, _) => {
@@ -450,13 +463,13 @@ impl Coalescer {
                     break;
                 }
                 (false, b'Z') => {
-                    self.requests.pop_front();
+                    self.pop();
                 }
                 // COPY FROM STDIN (exclusive use only): the Sync behind its
                 // Execute is ignored in copy-in mode; the one after CopyDone
                 // is answered.
                 (false, b'G') => {
-                    self.requests.pop_front();
+                    self.pop();
                 }
                 (false, _) => {}
             }
