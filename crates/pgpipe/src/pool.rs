@@ -24,7 +24,7 @@ use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
 use crate::error::ErrorKind;
 use crate::exclusive::{Connection, Exclusive, Holder};
-use crate::hosts::dispatch::{self, MAX_FAILOVER_WAITS, Query};
+use crate::hosts::dispatch::{self, Query};
 use crate::hosts::{Host, HostSettings, Hosts};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
 use crate::metrics::{HostMetrics, Labels};
@@ -338,13 +338,11 @@ impl Pool {
             // With several hosts, wait for a round of checks within
             // `failover_wait` and ask again.
             let refused = conn.as_ref().is_err_and(|e| e.kind() == ErrorKind::Connect);
-            if refused && self.hosts.single().is_none() {
-                if waits < MAX_FAILOVER_WAITS && tokio::time::Instant::now() < deadline {
-                    waits += 1;
-                    self.hosts.next_round().await;
-                    continue;
-                }
-                self.hosts.recheck();
+            if refused
+                && self.hosts.single().is_none()
+                && self.hosts.wait_to_retry(&mut waits, deadline).await
+            {
+                continue;
             }
             return conn;
         }

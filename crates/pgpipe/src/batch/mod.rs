@@ -14,7 +14,6 @@ use tokio_postgres::types::ToSql;
 use crate::answer::{Answer, Op};
 use crate::error::Error;
 use crate::error::ErrorKind;
-use crate::hosts::dispatch::MAX_FAILOVER_WAITS;
 use crate::metrics::Mode;
 use crate::pool::{Pool, PoolInner};
 use crate::target::Consistency;
@@ -166,12 +165,7 @@ impl<'a> Batch<'a> {
                     let unsent = results
                         .as_ref()
                         .is_err_and(|e| e.kind() == ErrorKind::Connect || e.is_unsent());
-                    if unsent
-                        && waits < MAX_FAILOVER_WAITS
-                        && tokio::time::Instant::now() < deadline
-                    {
-                        waits += 1;
-                        hosts.next_round().await;
+                    if unsent && hosts.wait_to_retry(&mut waits, deadline).await {
                         continue;
                     }
                     break (results, Some(Arc::clone(pick.lane)));

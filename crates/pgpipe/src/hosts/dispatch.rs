@@ -60,12 +60,6 @@ fn role_error(error: &Error) -> Option<&'static str> {
     }
 }
 
-/// Most rounds of checks a write that could not be sent waits through: a
-/// primary that is up but refuses connections (authentication, a full
-/// `max_connections`) fails it with its own error, not after
-/// `failover_wait` of tries.
-pub(crate) const MAX_FAILOVER_WAITS: u32 = 20;
-
 /// Runs `work` on the primary's write lane: once more on the next elected
 /// primary if the host it reached turned out read-only.
 pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer, Error> {
@@ -100,19 +94,12 @@ pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer
                 // Nothing was sent: the primary may be gone. Within
                 // `failover_wait`, wait for the next one.
                 _ if error.kind() == ErrorKind::Connect || error.is_unsent() => {
-                    waits += 1;
-                    if waits <= MAX_FAILOVER_WAITS
-                        && tokio::time::Instant::now() < failover_deadline
-                    {
-                        if let Some(metrics) = &hosts.metrics {
-                            metrics.retry(RetryReason::PrimaryDown);
-                        }
-                        hosts.next_round().await;
+                    let again = hosts.wait_to_retry(&mut waits, failover_deadline).await;
+                    if again {
                         continue;
                     }
-                    hosts.recheck();
                 }
-                _ if error.kind() == ErrorKind::ConnectionLost => hosts.recheck(),
+                _ if error.kind() == ErrorKind::ConnectionLost => hosts.suspect(pick.host),
                 _ => {}
             }
         }

@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use crate::config::deadline_after;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::HostMetrics;
-use crate::metrics::hosts::{FallbackReason, RouteLabel};
+use crate::metrics::hosts::{FallbackReason, RetryReason, RouteLabel};
 use crate::pool::{LaneRecipe, PoolInner};
 use crate::sync::lock;
 use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
@@ -119,6 +119,12 @@ pub(crate) struct Hosts {
     discovering: bool,
     primary: AtomicUsize,
     timeline: AtomicU32,
+    /// A write route's connection to this host broke: until a round of
+    /// checks that started after that has finished, writes to it wait (the
+    /// other connections to a host that died are likely dead too, and a
+    /// write sent on one could only end in `ConnectionLost`). Packed:
+    /// `(host + 1) << 48 | rounds started then`; 0 for none.
+    suspect: AtomicU64,
     /// Check rounds started, and finished.
     started: AtomicU64,
     rounds: AtomicU64,
@@ -170,6 +176,7 @@ impl Hosts {
             hosts: hosts.into_boxed_slice(),
             discovering,
             timeline: AtomicU32::new(0),
+            suspect: AtomicU64::new(0),
             started: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
             closed: std::sync::Mutex::new(false),
@@ -326,6 +333,37 @@ impl Hosts {
         }
     }
 
+    /// After an attempt that could not start (no connection: nothing ran),
+    /// perhaps because its host is gone: while `deadline` and
+    /// [`MAX_FAILOVER_WAITS`] allow, waits for the next round of checks and
+    /// says to try again (counted as a `primary_down` retry); else asks for
+    /// a round and says to give up.
+    pub(crate) async fn wait_to_retry(
+        self: &Arc<Self>,
+        waits: &mut u32,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        *waits += 1;
+        if *waits > MAX_FAILOVER_WAITS || tokio::time::Instant::now() >= deadline {
+            self.recheck();
+            return false;
+        }
+        if let Some(metrics) = &self.metrics {
+            metrics.retry(RetryReason::PrimaryDown);
+        }
+        self.next_round().await;
+        true
+    }
+
+    /// A write route's connection to `host` broke: writes to it wait for a
+    /// round of checks that starts now (see `suspect`).
+    pub(crate) fn suspect(&self, host: usize) {
+        let started = self.started.load(Ordering::Acquire) & SUSPECT_ROUND;
+        self.suspect
+            .store((host as u64 + 1) << 48 | started, Ordering::Release);
+        self.recheck();
+    }
+
     /// Whether `host` is the elected primary now.
     pub(crate) fn is_primary(&self, host: usize) -> bool {
         self.elected() == Some(host)
@@ -347,7 +385,12 @@ impl Hosts {
         deadline: tokio::time::Instant,
     ) -> Result<Pick<'_>, Error> {
         self.ensure_monitor();
-        let host = self.primary(deadline).await?;
+        let mut host = self.primary(deadline).await?;
+        let suspect = self.suspect.load(Ordering::Acquire);
+        if suspect >> 48 == host as u64 + 1 {
+            self.round_after(suspect & SUSPECT_ROUND).await;
+            host = self.primary(deadline).await?;
+        }
         Ok(Pick {
             lane: &self.hosts[host].write,
             host,
@@ -491,6 +534,15 @@ impl Hosts {
         self.hosts[host].standby.load(Ordering::Acquire)
     }
 }
+
+/// Most rounds of checks a write that could not be sent waits through: a
+/// primary that is up but refuses connections (authentication, a full
+/// `max_connections`) fails it with its own error, not after
+/// `failover_wait` of tries.
+pub(crate) const MAX_FAILOVER_WAITS: u32 = 20;
+
+/// The round bits of [`Hosts::suspect`].
+const SUSPECT_ROUND: u64 = (1 << 48) - 1;
 
 /// Longest a role check may take, connecting included.
 pub(crate) const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
