@@ -191,6 +191,85 @@ async fn exclusive_checkouts_are_served_under_pipelined_load() {
     }
 }
 
+/// A connection given back while other tasks wait in `get()` goes to the
+/// next of them, though giving back the claim starts a shared open (queries
+/// are queued): the open finds the room taken again and leaves the
+/// connection to the waiter. Were the shared path to keep it, the waiter
+/// would make it drain again, with the pipelined queries on it behind the
+/// drain; the backends below would show it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_given_back_goes_to_the_next_waiting_get() {
+    let pool = builder(&app("handoff"))
+        .max_size(2)
+        .max_exclusive(1)
+        .max_pipeline_depth(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    // The first checkout, then the backends the shared path uses from now.
+    let first = pool.get().await.unwrap();
+    let exclusive_pid = backend_pid_of(&first).await;
+    let mut load = Vec::new();
+    for _ in 0..32 {
+        let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+        load.push(tokio::spawn(async move {
+            let mut pids = std::collections::BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let row = pool
+                    .query_one("SELECT pg_backend_pid()", &[])
+                    .await
+                    .unwrap();
+                pids.insert(row.get::<_, i32>(0));
+            }
+            pids
+        }));
+    }
+    let mut users = Vec::new();
+    for _ in 0..3 {
+        let (pool, stop) = (pool.clone(), Arc::clone(&stop));
+        users.push(tokio::spawn(async move {
+            let mut pids = std::collections::BTreeSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let conn = pool.get().await.unwrap();
+                pids.insert(backend_pid_of(&conn).await);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            pids
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut exclusive = std::collections::BTreeSet::from([exclusive_pid]);
+    for user in users {
+        exclusive.extend(user.await.unwrap());
+    }
+    let mut shared = std::collections::BTreeSet::new();
+    for task in load {
+        shared.extend(task.await.unwrap());
+    }
+    eprintln!("exclusive backends {exclusive:?}, shared {shared:?}");
+    assert_eq!(
+        exclusive.len(),
+        1,
+        "the exclusive connection moved: {exclusive:?}"
+    );
+    assert!(
+        shared.is_disjoint(&exclusive),
+        "the shared path took the connection between two checkouts: \
+         exclusive {exclusive:?}, shared {shared:?}"
+    );
+}
+
+async fn backend_pid_of(conn: &pgpipe::Connection) -> i32 {
+    conn.query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listen_on_a_checkout_receives_notifications_and_the_next_user_does_not() {
     let channel = pgpipe_test_support::unique("chan");
