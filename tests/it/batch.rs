@@ -468,8 +468,10 @@ async fn atomic_batches_take_at_most_half_a_pipelined_pool_and_reads_go_on_besid
     for _ in 0..6 {
         let pool = pool.clone();
         batches.push(tokio::spawn(async move {
+            // Code the guard cannot read: an exclusive connection each (a
+            // batch it vouches for is a unit of a shared pipeline).
             let mut batch = pool.atomic_batch();
-            batch.query("SELECT pg_sleep(0.3)", &[]);
+            batch.execute("DO $$ BEGIN PERFORM pg_sleep(0.3); END $$", &[]);
             batch.run().await
         }));
     }
@@ -516,13 +518,15 @@ async fn an_atomic_batch_that_would_wait_for_its_own_task_is_a_deadlock_at_once(
         pool.get().await.unwrap(),
         pool.get().await.unwrap(),
     ];
-    // … two other tasks' atomic batches take both batch places and wait
-    // for a connection this task holds …
+    // … two other tasks' atomic batches (with session SQL, so each needs a
+    // connection of its own) take both batch places and wait for a
+    // connection this task holds …
     let others: Vec<_> = (0..2i64)
         .map(|i| {
             let pool = pool.clone();
             tokio::spawn(async move {
                 let mut batch = pool.atomic_batch();
+                batch.execute("SET search_path = public", &[]);
                 batch.query("SELECT $1::int8", &[&i]);
                 batch.run().await
             })
@@ -532,6 +536,7 @@ async fn an_atomic_batch_that_would_wait_for_its_own_task_is_a_deadlock_at_once(
     // … so its own batch could only wait for itself.
     let started = std::time::Instant::now();
     let mut batch = pool.atomic_batch();
+    batch.execute("SET search_path = public", &[]);
     batch.query("SELECT 1", &[]);
     let error = batch.run().await.unwrap_err();
     assert_eq!(error.kind(), ErrorKind::Deadlock, "{error}");

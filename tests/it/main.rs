@@ -2,6 +2,7 @@
 //! `pgpipe-test-support` for how it is found), shares it with other tests,
 //! and uses names of its own.
 
+mod atomic_units;
 mod bad_input;
 mod batch;
 mod correctness;

@@ -1,11 +1,19 @@
-//! Atomic batches: `BEGIN`, the items, `COMMIT`, pipelined back to back on
-//! an exclusive connection, and an honest account of what happened.
+//! Atomic batches: `BEGIN`, the items, `COMMIT`, pipelined back to back,
+//! and an honest account of what happened.
 //!
 //! tokio-postgres ends every request with its own `Sync`, so the three parts
-//! are separate requests; on an exclusive connection nothing can come
-//! between them. After a failed item the server skips the rest
-//! (`25P02`) and answers `COMMIT` with a `ROLLBACK` tag and no error, so the
-//! outcome is read from the items' errors, never from `COMMIT` alone.
+//! are separate requests, and nothing may come between them. With
+//! pipelining on, a batch whose items the guard vouches for (no session
+//! SQL, no code it cannot read) and that fits in one pipeline goes out on a
+//! shared connection, as one more unit of its pipeline: its requests are
+//! handed to the connection in one turn (see [`Turns`](crate::conn::turn::Turns)),
+//! so no neighbour's query can run inside its transaction, and batches from
+//! many tasks follow each other without a round trip each. Others take an
+//! exclusive connection (at most half the pool's at once).
+//!
+//! After a failed item the server skips the rest (`25P02`) and answers
+//! `COMMIT` with a `ROLLBACK` tag and no error, so the outcome is read from
+//! the items' errors, never from `COMMIT` alone.
 
 use std::sync::Arc;
 
@@ -14,7 +22,7 @@ use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::config::deadline_after;
 use crate::conn::params;
-use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target};
+use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target, Usable};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::pool::PoolInner;
@@ -39,20 +47,17 @@ impl Batch<'_> {
                 return Ok(self.abort(i, e, false));
             }
         }
-        // Session SQL is allowed here (a `SET`, a temp table …), and so is
-        // code the guard cannot read: the session is cleaned behind COMMIT,
-        // in the same write, so the next user of the connection finds none.
-        let clean = self
-            .items
-            .iter()
-            .any(|item| match sql_guard::check(item.sql) {
-                Ok(code) => query::needs_cleanup(inner, code),
-                Err(_) => true,
-            });
         if inner.is_closed() {
             return Err(Error::closed());
         }
         housekeeping::start(inner);
+        if self.shares_a_pipeline(inner) {
+            return self.run_atomic_shared(inner).await;
+        }
+        // Session SQL is allowed here (a `SET`, a temp table …), and so is
+        // code the guard cannot read: the session is cleaned behind COMMIT,
+        // in the same write, so the next user of the connection finds none.
+        let clean = self.needs_cleanup(inner);
         // One wait_timeout for the place and the connection together; the
         // place is held until the batch is done (and its connection back).
         let deadline = deadline_after(inner.config().wait_timeout);
@@ -62,17 +67,14 @@ impl Batch<'_> {
             heal: false,
             ..conn.pg_conn().target()
         };
-        let statements = match self.prepare_all(target).await {
+        let statements = match self.prepare_all(target, Prepare::Inline).await {
             Ok(statements) => statements,
             Err((i, e)) => return Ok(self.abort(i, e, false)),
         };
         // An answer past the result caps is read to its end (see
         // `conn::run::collect`), so that an error hidden behind it still shows.
         let limits = inner.run_settings().limits;
-        let steps: Vec<Step> = std::iter::once(Step::Begin)
-            .chain((0..self.items.len()).map(Step::Item))
-            .chain(std::iter::once(Step::Commit))
-            .collect();
+        let steps = steps(self.items.len());
         // Behind a pooler without pipelines, the batch starts on an idle
         // wire; from its BEGIN on, the open transaction keeps the pooler's
         // server.
@@ -81,12 +83,14 @@ impl Batch<'_> {
             .iter()
             .map(|step| self.send(target, &statements, *step, limits))
             .collect();
+        let turns = &target.state.turns;
         let pipeline = async {
             let sent = join_in_order(sending);
             if clean {
-                Ok(run::both_in_order(sent, run::clean_session(target)).await.0)
+                let cleaned = run::both_in_order(sent, run::clean_session(target));
+                Ok(turns.send(cleaned).await.0)
             } else {
-                Ok(sent.await)
+                Ok(turns.send(sent).await)
             }
         };
         let deadline = inner.run_settings().query_timeout;
@@ -98,11 +102,21 @@ impl Batch<'_> {
                  committed is unknown",
             ));
         };
+        self.settle(target, &statements, answers)
+    }
+
+    /// What the answers of `BEGIN`, the items and `COMMIT` say happened.
+    fn settle(
+        &self,
+        target: Target<'_>,
+        statements: &[Prepared],
+        answers: Vec<Result<Option<Answer>, Error>>,
+    ) -> Result<BatchResults, Error> {
         let mut answers = answers.into_iter();
         let begin = answers.next().expect("a BEGIN step");
         let commit = answers.next_back().expect("a COMMIT step");
         let items: Vec<Result<Option<Answer>, Error>> = answers.collect();
-        for ((item, result), statement) in self.items.iter().zip(&items).zip(&statements) {
+        for ((item, result), statement) in self.items.iter().zip(&items).zip(statements) {
             if matches!(result, Err(e) if run::is_stale_statement(e)) {
                 // The plan went stale (a table changed under `SELECT *`):
                 // forget it, so the next run prepares it again. Not retried
@@ -113,13 +127,116 @@ impl Batch<'_> {
         self.outcome(begin, items, commit)
     }
 
+    /// Whether this atomic batch goes out as a unit of a shared
+    /// connection's pipeline (see the module docs): with pipelining, not
+    /// behind a transaction pooler (whose server may change at any
+    /// ReadyForQuery; the exclusive path waits for an idle wire there),
+    /// within one connection's pipeline depth, and every item one the guard
+    /// vouches for on the shared path (no session SQL, no code it cannot
+    /// read).
+    pub(super) fn shares_a_pipeline(&self, inner: &PoolInner) -> bool {
+        let config = inner.config();
+        config.pipelining
+            && !config.pooler.is_transaction()
+            && self.items.len() + 2 <= config.max_pipeline_depth
+            && !self.needs_cleanup(inner)
+    }
+
+    /// Whether an item may leave session state behind: session SQL, or code
+    /// the guard cannot read.
+    fn needs_cleanup(&self, inner: &PoolInner) -> bool {
+        self.items
+            .iter()
+            .any(|item| match sql_guard::check(item.sql) {
+                Ok(code) => query::needs_cleanup(inner, code),
+                Err(_) => true,
+            })
+    }
+
+    /// Runs the batch as one unit of a shared connection's pipeline; see
+    /// the module docs.
+    async fn run_atomic_shared(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+        let router = inner.router();
+        let limits = inner.run_settings().limits;
+        let steps = steps(self.items.len());
+        let mut attempts = 0;
+        loop {
+            let mut place = router.reserve(false).await?;
+            place.extend(steps.len() as u64 - 1);
+            let conn = Arc::clone(&place.conn);
+            let target = Target {
+                heal: false,
+                ..conn.conn().target()
+            };
+            let statements = match self.prepare_all(target, Prepare::Spawned(&conn)).await {
+                Ok(statements) => statements,
+                Err((_, e)) if e.is_unsent() && attempts < UNSENT_RETRIES => {
+                    attempts += 1;
+                    continue; // its connection died first: nothing was sent
+                }
+                Err((i, e)) => return Ok(self.abort(i, e, false)),
+            };
+            // Every request, or none, joins the pipeline: on a connection
+            // that is quarantined or gone, none.
+            let usable = || !target.is_dead() && !target.state.is_quarantined();
+            let make = || {
+                let sending = steps
+                    .iter()
+                    .map(|step| self.send(target, &statements, *step, limits))
+                    .collect();
+                join_in_order(sending)
+            };
+            let pipeline = async {
+                match target.state.turns.send_together(make, usable).await {
+                    Some(answers) => Ok(Some(answers)),
+                    None => Ok(None),
+                }
+            };
+            let deadline = inner.run_settings().query_timeout;
+            let timed = run::within_deadline(deadline, target, pipeline, || router.late(&conn));
+            let answers = match timed.await {
+                Ok(Some(answers)) => answers,
+                Ok(None) if attempts < UNSENT_RETRIES => {
+                    attempts += 1;
+                    continue; // nothing was sent: another connection
+                }
+                Ok(None) => {
+                    return Err(Error::new(
+                        ErrorKind::ConnectionLost,
+                        "no usable shared connection for the atomic batch; nothing was sent",
+                    )
+                    .unsent());
+                }
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::QueryTimeout,
+                        "the atomic batch ran past query_timeout; it was pipelined with other \
+                         queries, so it was not cancelled and runs to its end: whether it \
+                         committed is unknown",
+                    ));
+                }
+            };
+            let lost = answers
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.kind() == ErrorKind::ConnectionLost));
+            if lost {
+                router.retire(&conn);
+            }
+            return self.settle(target, &statements, answers);
+        }
+    }
+
     /// Every item's statement, prepared (pipelined, on a miss) and checked
     /// against its parameters; or the first item that cannot run.
-    async fn prepare_all(&self, target: Target<'_>) -> Result<Vec<Prepared>, (usize, Error)> {
+    async fn prepare_all(
+        &self,
+        target: Target<'_>,
+        prepare: Prepare<'_>,
+    ) -> Result<Vec<Prepared>, (usize, Error)> {
         let preparing = self
             .items
             .iter()
-            .map(|item| run::prepared(target, Prepare::Inline, item.sql))
+            .map(|item| run::prepared(target, prepare, item.sql))
             .collect();
         let found = join_in_order(preparing).await;
         let mut statements = Vec::with_capacity(self.items.len());
@@ -153,7 +270,8 @@ impl Batch<'_> {
             Step::Item(i) => {
                 let item = &self.items[i];
                 let params = self.item_params(item);
-                run::send(target, item.sql, &statements[i], params, item.op, limits)
+                let op = (item.op, Usable::Checked);
+                run::send(target, item.sql, &statements[i], params, op, limits)
                     .await
                     .map(Some)
             }
@@ -238,6 +356,18 @@ impl Batch<'_> {
         results[f] = Err(cause);
         results
     }
+}
+
+/// How many times a batch that could not be sent (its connection died or
+/// was quarantined first) tries another shared connection.
+const UNSENT_RETRIES: u32 = 2;
+
+/// `BEGIN`, the items, `COMMIT`.
+fn steps(items: usize) -> Vec<Step> {
+    std::iter::once(Step::Begin)
+        .chain((0..items).map(Step::Item))
+        .chain(std::iter::once(Step::Commit))
+        .collect()
 }
 
 /// The connection failed before the batch's outcome was known.

@@ -203,7 +203,7 @@ impl Batch<'_> {
                     item.sql,
                     statement,
                     self.item_params(item),
-                    item.op,
+                    (item.op, run::Usable::Check),
                     limits,
                 )
             })
@@ -219,11 +219,14 @@ impl Batch<'_> {
             }
             out[*k] = Some(result);
         });
+        let turns = &target.state.turns;
         if clean {
             // Behind the last item: see `send_then_clean` in conn/run.rs.
-            run::both_in_order(sent, run::clean_session(target)).await;
+            turns
+                .send(run::both_in_order(sent, run::clean_session(target)))
+                .await;
         } else {
-            sent.await;
+            turns.send(sent).await;
         }
         Ok(()) // each item's error is in `out`; this fits `within_deadline`
     }

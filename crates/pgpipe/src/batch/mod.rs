@@ -187,7 +187,7 @@ impl<'a> Batch<'a> {
         }
         let Some(pool) = lane else { return results };
         if let Some(metrics) = pool.metrics() {
-            let mode = if self.atomic {
+            let mode = if self.atomic && !self.shares_a_pipeline(&pool) {
                 Mode::Exclusive
             } else {
                 pool.mode()

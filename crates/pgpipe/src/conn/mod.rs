@@ -26,6 +26,7 @@ pub(crate) mod state;
 pub(crate) mod statement_cache;
 mod step_aside;
 pub(crate) mod tls;
+pub(crate) mod turn;
 pub(crate) mod wire;
 
 use std::sync::Arc;
@@ -119,7 +120,8 @@ impl PgConn {
     /// Prepares a statement the cache missed and hands it to the cache (and
     /// so to every task waiting for it).
     pub(crate) async fn prepare_for_cache(&self, ticket: Ticket) -> u64 {
-        let result = self.client.prepare(ticket.sql()).await.map_err(Arc::new);
+        let prepare = self.client.prepare(ticket.sql());
+        let result = self.state.turns.prepare(prepare).await.map_err(Arc::new);
         let generation = self.cache.complete(ticket, result);
         self.state.statements_evicted(self.cache.take_evicted());
         generation

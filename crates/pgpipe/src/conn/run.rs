@@ -154,11 +154,21 @@ pub(crate) async fn run(
             // Boxed: only behind some poolers; the common future stays small.
             Box::pin(target.state.wire_idle()).await;
         }
+        let turns = &target.state.turns;
         let result = if clean {
             // Boxed: the rare path keeps the common future small.
-            Box::pin(send_then_clean(target, sql, &statement, params, op, limits)).await
+            Box::pin(turns.send(send_then_clean(target, sql, &statement, params, op, limits))).await
         } else {
-            send(target, sql, &statement, params, op, limits).await
+            turns
+                .send(send(
+                    target,
+                    sql,
+                    &statement,
+                    params,
+                    (op, Usable::Check),
+                    limits,
+                ))
+                .await
         };
         match result {
             // The server refused the cached plan before running anything:
@@ -194,7 +204,7 @@ async fn send_then_clean(
     op: Op,
     limits: Limits,
 ) -> Result<Answer, Error> {
-    let query = send(target, sql, statement, params, op, limits);
+    let query = send(target, sql, statement, params, (op, Usable::Check), limits);
     let (answer, ()) = both_in_order(query, clean_session(target)).await;
     answer
 }
@@ -305,6 +315,18 @@ pub(crate) async fn run_alone(
         clean,
     );
     within_deadline(settings.query_timeout, target, run, || Late::Cancel).await
+}
+
+/// Whether [`send`] looks first that the connection is still usable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Usable {
+    /// Look: a query admitted to a connection since quarantined, or dead,
+    /// fails as unsent and runs elsewhere.
+    Check,
+    /// The items of an atomic batch, which looked once for all of its
+    /// requests: were one item to stay behind while the others went out,
+    /// `COMMIT` would commit the batch without it.
+    Checked,
 }
 
 /// What becomes of a query still on the wire when its deadline passed.
@@ -464,7 +486,8 @@ pub(crate) async fn cached_statement(
         };
         match prepare {
             Prepare::Inline => {
-                let result = conn.client.prepare(ticket.sql()).await.map_err(Arc::new);
+                let prepare = conn.client.prepare(ticket.sql());
+                let result = conn.state.turns.prepare(prepare).await.map_err(Arc::new);
                 let generation = conn.cache.complete(ticket, result.clone());
                 conn.state.statements_evicted(conn.cache.take_evicted());
                 return match result {
@@ -489,27 +512,30 @@ fn prepare_failed(e: &Arc<tokio_postgres::Error>, conn: Target<'_>) -> Error {
 
 /// Sends a checked query and reads its answer. The request is handed to
 /// the connection on the first poll, so futures polled in order are sent
-/// in order.
+/// in order; first-polled in one turn (see [`Turns`](super::turn::Turns)),
+/// with nothing in between.
 pub(crate) async fn send(
     target: Target<'_>,
     sql: &str,
     statement: &Prepared,
     params: Params<'_, '_>,
-    op: Op,
+    (op, usable): (Op, Usable),
     limits: Limits,
 ) -> Result<Answer, Error> {
-    if target.is_dead() {
-        return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
-    }
-    if target.state.is_quarantined() {
-        // Admitted before its connection was quarantined, and not yet sent
-        // (it waited for a prepare, a batch window, a hand-off): it goes
-        // elsewhere rather than out on a session known to be dirty.
-        return Err(Error::new(
-            ErrorKind::ConnectionLost,
-            "the shared connection was quarantined before this query was sent; nothing ran",
-        )
-        .unsent());
+    if usable == Usable::Check {
+        if target.is_dead() {
+            return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
+        }
+        if target.state.is_quarantined() {
+            // Admitted before its connection was quarantined, and not yet
+            // sent (it waited for a prepare, a batch window, a hand-off): it
+            // goes elsewhere rather than out on a session known to be dirty.
+            return Err(Error::new(
+                ErrorKind::ConnectionLost,
+                "the shared connection was quarantined before this query was sent; nothing ran",
+            )
+            .unsent());
+        }
     }
     let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
     match (op, statement) {

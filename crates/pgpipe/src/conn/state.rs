@@ -168,6 +168,8 @@ pub(crate) struct ConnState {
     /// Woken at every ReadyForQuery and when the connection dies, when
     /// `one_at_a_time`.
     ready: tokio::sync::Notify,
+    /// The order in which requests join its pipeline (see `conn::turn`).
+    pub(crate) turns: super::turn::Turns,
 }
 
 /// What stands between a connection and the server.

@@ -46,7 +46,8 @@ pub(crate) struct Message {
 
 impl Message {
     /// For a ParameterStatus (`S`) from the server, the setting's name (up
-    /// to its first 31 bytes); empty for other messages.
+    /// to its first 31 bytes); for a simple Query (`Q`), its SQL's first
+    /// bytes, the same way; empty for other messages.
     pub(crate) fn parameter_name(&self) -> &[u8] {
         let prefix = &self.prefix[..self.prefix_len];
         prefix
@@ -91,7 +92,7 @@ impl Framer {
                 if self.first.is_none() {
                     self.first = Some(bytes[0]);
                 }
-                if self.kind == b'S' && self.prefix_len < PREFIX {
+                if matches!(self.kind, b'S' | b'Q') && self.prefix_len < PREFIX {
                     let keep = take.min(PREFIX - self.prefix_len);
                     self.prefix[self.prefix_len..self.prefix_len + keep]
                         .copy_from_slice(&bytes[..keep]);

@@ -59,6 +59,46 @@ pub(crate) struct TappedStream<S> {
     /// On a read lane's connection: the read-group rewriter and its
     /// buffers (see [`coalesce`](super::coalesce)).
     groups: Option<Box<Groups>>,
+    /// Atomic batches written while the connection was shared (boxed: the
+    /// tap moves through every connect future, which queries may hold).
+    units: Box<Units>,
+}
+
+/// The atomic batches a shared connection carries, as the numbers of the
+/// requests that open and close them (`BEGIN`, and `COMMIT` or `ROLLBACK`,
+/// as simple queries: on a shared connection only the pool sends those,
+/// since the guard refuses transaction control there). The answers between
+/// them may show a transaction (`T`, or `E` after a failed item); any other
+/// answer that does quarantines the connection, as does a `COMMIT` that
+/// leaves one open.
+#[derive(Debug, Default)]
+struct Units(std::collections::VecDeque<(u64, u64)>);
+
+impl Units {
+    /// Request number `request` is the simple query `sql` (its first bytes).
+    fn note(&mut self, sql: &[u8], request: u64) {
+        match sql {
+            b"BEGIN" => self.0.push_back((request, u64::MAX)),
+            b"COMMIT" | b"ROLLBACK" => {
+                if let Some(open) = self.0.back_mut().filter(|(_, end)| *end == u64::MAX) {
+                    open.1 = request;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Whether the answer to request number `request` may show an open
+    /// transaction: it is a batch's `BEGIN` or one of its items. Answers
+    /// come in request order, so batches answered in full are forgotten.
+    fn inside(&mut self, request: u64) -> bool {
+        while self.0.front().is_some_and(|(_, end)| *end < request) {
+            self.0.pop_front();
+        }
+        self.0
+            .front()
+            .is_some_and(|(begin, end)| (*begin..*end).contains(&request))
+    }
 }
 
 /// What a connection that groups reads keeps between polls.
@@ -90,6 +130,7 @@ impl<S> TappedStream<S> {
             inbound: Framer::new(Phase::Typed),
             probe: None,
             groups: state.read_groups.then(Box::default),
+            units: Box::default(),
             state,
         }
     }
@@ -118,6 +159,8 @@ impl<S> TappedStream<S> {
             _ => {}
         }
         let state = &self.state;
+        let units = &mut self.units;
+        let answered_before = state.readies.load(Ordering::Acquire);
         let (mut readies, mut copy_ins) = (0, 0);
         self.inbound.feed(bytes, |message| match message.kind {
             // COPY FROM STDIN over the extended protocol: the Sync sent
@@ -128,7 +171,8 @@ impl<S> TappedStream<S> {
                 let status = message.first.unwrap_or(b'I');
                 state.tx_status.store(status, Ordering::Release);
                 readies += 1;
-                if status != b'I' {
+                let in_batch = units.inside(answered_before + readies);
+                if status != b'I' && !in_batch {
                     state.quarantine(QuarantineReason::Transaction);
                 }
             }
@@ -191,8 +235,15 @@ impl<S> TappedStream<S> {
         // but take no part in batching, and the start-up (several round
         // trips of authentication) is no round-trip sample.
         let (mut syncs, mut others) = (0, 0);
+        let written_before = self.state.requests.load(Ordering::Acquire);
+        let shared = self.state.is_shared();
+        let units = &mut self.units;
         self.outbound.feed(bytes, |message| match message.kind {
             b'S' => syncs += 1,
+            b'Q' if shared => {
+                others += 1;
+                units.note(message.parameter_name(), written_before + syncs + others);
+            }
             0 | b'Q' | b'F' => others += 1,
             _ => {}
         });
@@ -449,6 +500,76 @@ mod tests {
             0,
             "ciphertext is not parsed"
         );
+    }
+
+    fn simple_query(sql: &str) -> Vec<u8> {
+        let mut message = vec![b'Q'];
+        message.extend_from_slice(&(sql.len() as i32 + 5).to_be_bytes());
+        message.extend_from_slice(sql.as_bytes());
+        message.push(0);
+        message
+    }
+
+    const SYNC: [u8; 5] = [b'S', 0, 0, 0, 4];
+
+    fn ready(status: u8) -> [u8; 6] {
+        [b'Z', 0, 0, 0, 5, status]
+    }
+
+    /// A shared connection carrying one atomic batch (BEGIN, two items,
+    /// COMMIT) between two plain queries: only the batch's own answers may
+    /// show its transaction.
+    #[test]
+    fn only_an_atomic_batchs_own_answers_may_show_its_transaction() {
+        let shared = || {
+            let state = Arc::new(ConnState::default());
+            state.load.share();
+            let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+            tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
+            tap.observe_read(&ready(b'I')); // start-up is over
+            let write = [
+                &SYNC[..],
+                &simple_query("BEGIN"),
+                &SYNC,
+                &SYNC,
+                &simple_query("COMMIT"),
+                &SYNC,
+            ]
+            .concat();
+            tap.observe_write(&write, None);
+            (state, tap)
+        };
+        // The batch's answers show it, the rest do not: nothing happens.
+        let (state, mut tap) = shared();
+        for status in [b'I', b'T', b'T', b'E', b'I', b'I'] {
+            tap.observe_read(&ready(status));
+        }
+        assert!(!state.is_quarantined());
+        // The query before it in a transaction: quarantined.
+        let (state, mut tap) = shared();
+        tap.observe_read(&ready(b'T'));
+        assert!(state.is_quarantined());
+        // A COMMIT that leaves one open: quarantined.
+        let (state, mut tap) = shared();
+        for status in [b'I', b'T', b'T', b'T', b'T'] {
+            tap.observe_read(&ready(status));
+        }
+        assert!(state.is_quarantined());
+        // The query after it in a transaction: quarantined.
+        let (state, mut tap) = shared();
+        for status in [b'I', b'T', b'T', b'T', b'I', b'T'] {
+            tap.observe_read(&ready(status));
+        }
+        assert!(state.is_quarantined());
+        // Written while the connection was exclusive: no batch is known.
+        let state = Arc::new(ConnState::default());
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
+        tap.observe_read(&ready(b'I'));
+        tap.observe_write(&[&simple_query("BEGIN")[..], &SYNC].concat(), None);
+        state.load.share();
+        tap.observe_read(&ready(b'T'));
+        assert!(state.is_quarantined());
     }
 
     fn parameter_status(name: &str, value: &str) -> Vec<u8> {
