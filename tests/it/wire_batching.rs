@@ -134,8 +134,11 @@ async fn step_aside_batches_concurrent_queries_on_one_connection() {
     // answers woke enqueue first and one write carries them all. It is always
     // on (no batch window here, and no switch to turn it off): 64 tasks on
     // one connection behind a 5 ms round trip go out many queries per write,
-    // not one by one. Measured: 9 to 11 per write (at a 1 ms round trip the
-    // debug build is CPU-bound here and it swings from 4 to 8).
+    // not one by one. Measured: 9 to 11 per write on an earlier machine (at
+    // a 1 ms round trip the debug build is CPU-bound there and it swings
+    // from 4 to 8); 3.2 to 4.1 on the one of 2026-11-30, with or without
+    // that day's changes, and 1.4 to 1.6 there with the step-aside taken
+    // out. 2.5 tells the two apart.
     let load = Load::Closed {
         tasks: 64,
         per_task: 50,
@@ -143,12 +146,12 @@ async fn step_aside_batches_concurrent_queries_on_one_connection() {
     let wire = on_the_wire(Duration::ZERO, Duration::from_micros(2500), load).await;
     assert_eq!(wire.flush_waits, 0, "{wire:?}");
     assert!(
-        wire.per_write >= 4.0,
+        wire.per_write >= 2.5,
         "{:.2} queries per write on the wire",
         wire.per_write
     );
     assert!(
-        wire.proxy_per_chunk >= 4.0,
+        wire.proxy_per_chunk >= 2.5,
         "the proxy saw {:.2} Syncs per chunk",
         wire.proxy_per_chunk
     );

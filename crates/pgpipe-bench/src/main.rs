@@ -62,6 +62,8 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      --rounds, --duration apply)
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
+  --tx-rate N        transfers, batches: transactions per second, paced, for all targets
+                     alike (default: as many as the transaction tasks can)
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds
   --slow-ms N|off    pgpipe: slow_query_threshold in milliseconds, or off
@@ -87,6 +89,9 @@ struct Plan {
     out: PathBuf,
     chart: PathBuf,
     tuning: Tuning,
+    /// transfers and batches: the transactions per second their
+    /// transaction tasks aim at together (closed loop when `None`).
+    tx_rate: Option<f64>,
 }
 
 impl Plan {
@@ -107,6 +112,7 @@ impl Plan {
             out: PathBuf::from("bench-results/results.jsonl"),
             chart: PathBuf::from("bench-results/throughput.svg"),
             tuning: Tuning::default(),
+            tx_rate: None,
         }
     }
 
@@ -178,6 +184,7 @@ impl Plan {
                 }
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
                 "--max-exclusive" => plan.tuning.max_exclusive = Some(parse_one(&value()?)?),
+                "--tx-rate" => plan.tx_rate = Some(parse_one(&value()?)?),
                 "--slow-ms" => {
                     plan.tuning.slow = Some(match value()?.as_str() {
                         "off" => None,
@@ -551,7 +558,7 @@ impl Cell {
             None => {
                 workload::closed_loop(
                     Arc::clone(&target),
-                    self.workload,
+                    (self.workload, plan.tx_rate),
                     Arc::clone(table),
                     self.tasks,
                     window,
@@ -592,12 +599,13 @@ impl Cell {
         let hol = self.workload.has_second_class();
         let record = Record {
             workload: self.workload.name().into(),
-            mode: if self.rate.is_some() {
-                "open"
-            } else {
-                "closed"
-            }
-            .into(),
+            mode: match (self.rate, plan.tx_rate) {
+                (Some(_), _) => "open".into(),
+                (None, Some(tx)) if self.workload.has_transaction_tasks() => {
+                    format!("closed, {tx} transactions/s")
+                }
+                (None, _) => "closed".into(),
+            },
             rate: self.rate,
             delay_us: self.delay,
             target: self.kind.name(),

@@ -12,7 +12,7 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Record {
     pub(crate) workload: String,
-    /// `closed` or `open`.
+    /// `closed`, `open`, or `closed, N transactions/s` (transactions paced).
     pub(crate) mode: String,
     /// Open loop: requests per second offered.
     pub(crate) rate: Option<f64>,
@@ -142,7 +142,11 @@ pub(crate) fn markdown(records: &[Record], target_order: &[String]) -> String {
         let measured = rows.iter().find_map(|r| r.measured_rtt_ms);
         let _ = write!(
             out,
-            "\n#### {workload}, {mode} loop, {}",
+            "\n#### {workload}, {}, {}",
+            match mode.split_once(", ") {
+                Some((kind, paced)) => format!("{kind} loop ({paced}, paced)"),
+                None => format!("{mode} loop"),
+            },
             rtt_label(delay, measured)
         );
         if let Some((realtime, share)) = proxy {

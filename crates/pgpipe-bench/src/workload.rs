@@ -65,6 +65,11 @@ impl Workload {
 
     /// Whether its requests fall in two classes, reported apart: the slow
     /// queries of head-of-line, the transactions of transfers and batches.
+    /// Transfers and batches: every tenth task runs only transactions.
+    pub(crate) fn has_transaction_tasks(self) -> bool {
+        matches!(self, Workload::Transfers | Workload::Batches)
+    }
+
     pub(crate) fn has_second_class(self) -> bool {
         matches!(
             self,
@@ -141,6 +146,11 @@ fn insert_sql(table: &str) -> String {
     format!("INSERT INTO {table} (task, n) VALUES ($1, $2) RETURNING n")
 }
 
+/// Whether `task` runs only transactions (transfers, batches: every tenth).
+fn is_transaction_task(workload: Workload, task: u64) -> bool {
+    workload.has_transaction_tasks() && task % 10 == 0
+}
+
 /// What one request did.
 #[derive(Debug, Default, Clone, Copy)]
 struct Answer {
@@ -200,7 +210,7 @@ async fn request(
             // on a transaction and the reads would measure the
             // transactions' throughput, not what they do to the reads. Two
             // accounts in ascending order, so transactions never deadlock.
-            answer.slow = task % 10 == 0;
+            answer.slow = is_transaction_task(workload, task);
             if answer.slow {
                 let a = (value.unsigned_abs() % 999 + 1) as i64;
                 let b = a + 1;
@@ -300,20 +310,37 @@ fn merge(logs: Vec<TaskLog>) -> Measured {
 
 /// `tasks` tasks, each sending requests back to back until the window
 /// closes; only requests started inside the window count.
+///
+/// With a `tx_rate`, the transaction tasks of transfers and batches pace
+/// themselves to that many transactions per second together (a task that
+/// falls behind does not catch up), so that every target carries the same
+/// transactions beside its reads.
 pub(crate) async fn closed_loop(
     target: Arc<Target>,
-    workload: Workload,
+    (workload, tx_rate): (Workload, Option<f64>),
     table: Arc<str>,
     tasks: u64,
     window: Window,
 ) -> Measured {
+    let transaction_tasks = (0..tasks)
+        .filter(|&t| is_transaction_task(workload, t))
+        .count();
+    let pace = tx_rate
+        .filter(|_| transaction_tasks > 0)
+        .map(|rate| Duration::from_secs_f64(transaction_tasks as f64 / rate));
     let mut handles = Vec::with_capacity(tasks as usize);
     for task in 0..tasks {
         let (target, table) = (Arc::clone(&target), Arc::clone(&table));
+        let pace = pace.filter(|_| is_transaction_task(workload, task));
         handles.push(tokio::spawn(async move {
             let mut log = TaskLog::default();
             let mut n = 0;
+            let mut due = Instant::now();
             loop {
+                if let Some(pace) = pace {
+                    due = (due + pace).max(Instant::now());
+                    tokio::time::sleep_until(due.into()).await;
+                }
                 let started = Instant::now();
                 if started >= window.until {
                     return log;
