@@ -226,7 +226,8 @@ async fn a_lost_connection_makes_the_commit_unknown_and_the_pool_heals() {
         let rows = admin
             .query(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                 WHERE application_name = $1 AND query LIKE '%pg_sleep(5)%'",
+                 WHERE application_name = $1 AND query LIKE '%pg_sleep(5)%' \
+                 AND state = 'active'",
                 &[&app],
             )
             .await
@@ -350,4 +351,83 @@ async fn a_prepare_with_its_type_lookups_never_lands_inside_a_batch() {
             .await
             .unwrap();
     }
+}
+
+/// A value that encodes the first time and fails the second: the batch
+/// checks every value before anything is sent, so only a value that
+/// changes its mind fails while the batch's requests go out.
+#[derive(Debug)]
+struct ChangesItsMind(std::sync::atomic::AtomicU32);
+
+impl tokio_postgres::types::ToSql for ChangesItsMind {
+    fn to_sql(
+        &self,
+        ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            return Err("changed its mind".into());
+        }
+        7i64.to_sql(ty, out)
+    }
+
+    tokio_postgres::types::accepts!(INT8);
+    tokio_postgres::types::to_sql_checked!();
+}
+
+/// An item whose request cannot leave while the others do: `ROLLBACK`
+/// goes out in place of `COMMIT`, and nothing of the batch stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_that_cannot_be_sent_rolls_its_batch_back() {
+    let table = table("id int8").await;
+    let pool = builder(&app("unit_left_behind"))
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} VALUES ($1)");
+    let odd = ChangesItsMind(std::sync::atomic::AtomicU32::new(0));
+    let mut batch = pool.atomic_batch();
+    batch.execute(&insert, &[&1i64]);
+    batch.execute(&insert, &[&odd]);
+    batch.execute(&insert, &[&3i64]);
+    let results = batch.run().await.unwrap();
+    let own = results[1].as_ref().unwrap_err();
+    assert_ne!(own.kind(), ErrorKind::BatchAborted, "{own}");
+    for i in [0, 2] {
+        let e = results[i].as_ref().unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::BatchAborted, "{e}");
+        assert!(e.to_string().contains("rolled back"), "{e}");
+    }
+    assert_eq!(count(&pool, &table).await, 0, "nothing of the batch stays");
+    drop_table(&table).await;
+}
+
+/// `SET LOCAL` of a setting the server reports (`application_name`) inside
+/// a batch: the server reports it, and again when `COMMIT` undoes it. The
+/// connection is not quarantined for that, and the setting is gone after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_local_inside_a_batch_stays_inside_it() {
+    let registry = Registry::new();
+    let app = app("unit_set_local");
+    let pool = builder(&app)
+        .max_size(1)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        let mut batch = pool.atomic_batch();
+        batch.execute("SET LOCAL application_name = 'inside'", &[]);
+        batch.query("SELECT current_setting('application_name')", &[]);
+        let results = batch.run().await.unwrap();
+        let inside: String = results[1].as_ref().unwrap().rows()[0].get(0);
+        assert_eq!(inside, "inside");
+        let row = pool
+            .query_one("SELECT current_setting('application_name')", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), app);
+    }
+    assert_eq!(quarantined(&registry), 0.0);
 }

@@ -2,20 +2,18 @@
 //! and an honest account of what happened.
 //!
 //! tokio-postgres ends every request with its own `Sync`, so the three parts
-//! are separate requests, and nothing may come between them. With
-//! pipelining on, a batch whose items the guard vouches for (no session
-//! SQL, no code it cannot read) and that fits in one pipeline goes out on a
-//! shared connection, as one more unit of its pipeline: its requests are
-//! handed to the connection in one turn (see [`Turns`](crate::conn::turn::Turns)),
-//! so no neighbour's query can run inside its transaction, and batches from
-//! many tasks follow each other without a round trip each. Others take an
-//! exclusive connection (at most half the pool's at once).
+//! are separate requests, and nothing may come between them. Here: on an
+//! exclusive connection, for batches with session SQL or code the guard
+//! cannot read (at most half the pool's connections at once); the others
+//! go out as one unit of a shared pipeline ([`unit`](super::unit)).
 //!
 //! After a failed item the server skips the rest (`25P02`) and answers
 //! `COMMIT` with a `ROLLBACK` tag and no error, so the outcome is read from
 //! the items' errors, never from `COMMIT` alone.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 
 use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
@@ -25,13 +23,13 @@ use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target, Usable};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
+use crate::housekeeping;
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
-use crate::{housekeeping, query};
 
 /// One request of the pipeline.
 #[derive(Debug, Clone, Copy)]
-enum Step {
+pub(super) enum Step {
     Begin,
     Item(usize),
     Commit,
@@ -52,7 +50,7 @@ impl Batch<'_> {
         }
         housekeeping::start(inner);
         if self.shares_a_pipeline(inner) {
-            return self.run_atomic_shared(inner).await;
+            return self.run_unit(inner).await;
         }
         // Session SQL is allowed here (a `SET`, a temp table …), and so is
         // code the guard cannot read: the session is cleaned behind COMMIT,
@@ -79,9 +77,10 @@ impl Batch<'_> {
         // wire; from its BEGIN on, the open transaction keeps the pooler's
         // server.
         target.state.wire_idle().await;
+        let left_behind = LeftBehind::default();
         let sending = steps
             .iter()
-            .map(|step| self.send(target, &statements, *step, limits))
+            .map(|step| self.send(target, (&statements, &left_behind), *step, limits))
             .collect();
         let turns = &target.state.turns;
         let pipeline = async {
@@ -102,20 +101,22 @@ impl Batch<'_> {
                  committed is unknown",
             ));
         };
-        self.settle(target, &statements, answers)
+        self.settle(target, (&statements, left_behind.get()), answers)
     }
 
-    /// What the answers of `BEGIN`, the items and `COMMIT` say happened.
-    fn settle(
+    /// What the answers of `BEGIN`, the items and `COMMIT` say happened;
+    /// `left_behind`: the item whose request never left (then `ROLLBACK`
+    /// went out instead of `COMMIT`).
+    pub(super) fn settle(
         &self,
         target: Target<'_>,
-        statements: &[Prepared],
+        (statements, left_behind): (&[Prepared], Option<usize>),
         answers: Vec<Result<Option<Answer>, Error>>,
     ) -> Result<BatchResults, Error> {
         let mut answers = answers.into_iter();
         let begin = answers.next().expect("a BEGIN step");
         let commit = answers.next_back().expect("a COMMIT step");
-        let items: Vec<Result<Option<Answer>, Error>> = answers.collect();
+        let mut items: Vec<Result<Option<Answer>, Error>> = answers.collect();
         for ((item, result), statement) in self.items.iter().zip(&items).zip(statements) {
             if matches!(result, Err(e) if run::is_stale_statement(e)) {
                 // The plan went stale (a table changed under `SELECT *`):
@@ -124,111 +125,34 @@ impl Batch<'_> {
                 statement.invalidate(target, item.sql);
             }
         }
-        self.outcome(begin, items, commit)
-    }
-
-    /// Whether this atomic batch goes out as a unit of a shared
-    /// connection's pipeline (see the module docs): with pipelining, not
-    /// behind a transaction pooler (whose server may change at any
-    /// ReadyForQuery; the exclusive path waits for an idle wire there),
-    /// within one connection's pipeline depth, and every item one the guard
-    /// vouches for on the shared path (no session SQL, no code it cannot
-    /// read).
-    pub(super) fn shares_a_pipeline(&self, inner: &PoolInner) -> bool {
-        let config = inner.config();
-        config.pipelining
-            && !config.pooler.is_transaction()
-            && self.items.len() + 2 <= config.max_pipeline_depth
-            && !self.needs_cleanup(inner)
-    }
-
-    /// Whether an item may leave session state behind: session SQL, or code
-    /// the guard cannot read.
-    fn needs_cleanup(&self, inner: &PoolInner) -> bool {
-        self.items
+        let failed_on_server = items
             .iter()
-            .any(|item| match sql_guard::check(item.sql) {
-                Ok(code) => query::needs_cleanup(inner, code),
-                Err(_) => true,
-            })
-    }
-
-    /// Runs the batch as one unit of a shared connection's pipeline; see
-    /// the module docs.
-    async fn run_atomic_shared(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
-        let router = inner.router();
-        let limits = inner.run_settings().limits;
-        let steps = steps(self.items.len());
-        let mut attempts = 0;
-        loop {
-            let mut place = router.reserve(false).await?;
-            place.extend(steps.len() as u64 - 1);
-            let conn = Arc::clone(&place.conn);
-            let target = Target {
-                heal: false,
-                ..conn.conn().target()
+            .any(|r| matches!(r, Err(e) if e.kind() == ErrorKind::Db));
+        if let (Some(f), false) = (left_behind, failed_on_server) {
+            // No COMMIT went out: nothing can have been committed.
+            let Err(cause) = std::mem::replace(&mut items[f], Ok(None)) else {
+                unreachable!("an item left behind holds its error")
             };
-            let statements = match self.prepare_all(target, Prepare::Spawned(&conn)).await {
-                Ok(statements) => statements,
-                Err((_, e)) if e.is_unsent() && attempts < UNSENT_RETRIES => {
-                    attempts += 1;
-                    continue; // its connection died first: nothing was sent
-                }
-                Err((i, e)) => return Ok(self.abort(i, e, false)),
-            };
-            // Every request, or none, joins the pipeline: on a connection
-            // that is quarantined or gone, none.
-            let usable = || !target.is_dead() && !target.state.is_quarantined();
-            let make = || {
-                let sending = steps
-                    .iter()
-                    .map(|step| self.send(target, &statements, *step, limits))
-                    .collect();
-                join_in_order(sending)
-            };
-            let pipeline = async {
-                match target.state.turns.send_together(make, usable).await {
-                    Some(answers) => Ok(Some(answers)),
-                    None => Ok(None),
-                }
-            };
-            let deadline = inner.run_settings().query_timeout;
-            let timed = run::within_deadline(deadline, target, pipeline, || router.late(&conn));
-            let answers = match timed.await {
-                Ok(Some(answers)) => answers,
-                Ok(None) if attempts < UNSENT_RETRIES => {
-                    attempts += 1;
-                    continue; // nothing was sent: another connection
-                }
-                Ok(None) => {
-                    return Err(Error::new(
-                        ErrorKind::ConnectionLost,
-                        "no usable shared connection for the atomic batch; nothing was sent",
-                    )
-                    .unsent());
-                }
-                Err(_) => {
-                    return Err(Error::new(
-                        ErrorKind::QueryTimeout,
-                        "the atomic batch ran past query_timeout; it was pipelined with other \
-                         queries, so it was not cancelled and runs to its end: whether it \
-                         committed is unknown",
-                    ));
-                }
-            };
-            let lost = answers
-                .iter()
-                .any(|r| matches!(r, Err(e) if e.kind() == ErrorKind::ConnectionLost));
-            if lost {
-                router.retire(&conn);
-            }
-            return self.settle(target, &statements, answers);
+            let mut results: BatchResults = (0..items.len())
+                .map(|i| {
+                    Err(cause.echo(
+                        ErrorKind::BatchAborted,
+                        format!(
+                            "item {i} was rolled back: item {f} of the atomic batch could not \
+                             be sent, so the batch was rolled back"
+                        ),
+                    ))
+                })
+                .collect();
+            results[f] = Err(cause);
+            return Ok(results);
         }
+        self.outcome(begin, items, commit)
     }
 
     /// Every item's statement, prepared (pipelined, on a miss) and checked
     /// against its parameters; or the first item that cannot run.
-    async fn prepare_all(
+    pub(super) async fn prepare_all(
         &self,
         target: Target<'_>,
         prepare: Prepare<'_>,
@@ -253,10 +177,15 @@ impl Batch<'_> {
         Ok(statements)
     }
 
-    async fn send(
+    /// One step's request and answer. Polled first in step order, in one
+    /// turn: an item whose request could not leave (its future ends on its
+    /// first poll, before anything was written) is noted in `left_behind`,
+    /// and the `COMMIT` polled after it goes out as `ROLLBACK`, so that
+    /// the batch never commits without it.
+    pub(super) async fn send(
         &self,
         target: Target<'_>,
-        statements: &[Prepared],
+        (statements, left_behind): (&[Prepared], &LeftBehind),
         step: Step,
         limits: Limits,
     ) -> Result<Option<Answer>, Error> {
@@ -266,14 +195,24 @@ impl Batch<'_> {
         };
         match step {
             Step::Begin => simple("BEGIN").await.map(|()| None),
+            Step::Commit if left_behind.get().is_some() => simple("ROLLBACK").await.map(|()| None),
             Step::Commit => simple("COMMIT").await.map(|()| None),
             Step::Item(i) => {
                 let item = &self.items[i];
                 let params = self.item_params(item);
                 let op = (item.op, Usable::Checked);
-                run::send(target, item.sql, &statements[i], params, op, limits)
-                    .await
-                    .map(Some)
+                let sent = run::send(target, item.sql, &statements[i], params, op, limits);
+                let mut sent = std::pin::pin!(sent);
+                let mut first = true;
+                std::future::poll_fn(|cx| {
+                    let polled = sent.as_mut().poll(cx);
+                    if std::mem::take(&mut first) && matches!(polled, Poll::Ready(Err(_))) {
+                        left_behind.note(i);
+                    }
+                    polled
+                })
+                .await
+                .map(Some)
             }
         }
     }
@@ -334,7 +273,7 @@ impl Batch<'_> {
     /// Item `f` failed: it reports its error, every other item that it was
     /// rolled back, skipped, or (when nothing was `sent`) not run because
     /// of it.
-    fn abort(&self, f: usize, cause: Error, sent: bool) -> BatchResults {
+    pub(super) fn abort(&self, f: usize, cause: Error, sent: bool) -> BatchResults {
         let mut results: BatchResults = (0..self.items.len())
             .map(|i| {
                 let what = match (sent, i < f) {
@@ -358,12 +297,35 @@ impl Batch<'_> {
     }
 }
 
+/// The first item of a batch whose request could not leave, if any (its
+/// future ended on its first poll, before anything was written).
+#[derive(Debug)]
+pub(super) struct LeftBehind(AtomicUsize);
+
+impl Default for LeftBehind {
+    fn default() -> Self {
+        LeftBehind(AtomicUsize::new(usize::MAX))
+    }
+}
+
+impl LeftBehind {
+    pub(super) fn get(&self) -> Option<usize> {
+        Some(self.0.load(Ordering::Acquire)).filter(|&i| i != usize::MAX)
+    }
+
+    fn note(&self, item: usize) {
+        let _ = self
+            .0
+            .compare_exchange(usize::MAX, item, Ordering::AcqRel, Ordering::Acquire);
+    }
+}
+
 /// How many times a batch that could not be sent (its connection died or
 /// was quarantined first) tries another shared connection.
-const UNSENT_RETRIES: u32 = 2;
+pub(super) const UNSENT_RETRIES: u32 = 2;
 
 /// `BEGIN`, the items, `COMMIT`.
-fn steps(items: usize) -> Vec<Step> {
+pub(super) fn steps(items: usize) -> Vec<Step> {
     std::iter::once(Step::Begin)
         .chain((0..items).map(Step::Item))
         .chain(std::iter::once(Step::Commit))

@@ -4,6 +4,7 @@
 mod atomic;
 mod isolated;
 mod ordered;
+mod unit;
 
 use std::fmt;
 use std::ops::Range;

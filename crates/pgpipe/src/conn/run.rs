@@ -420,7 +420,11 @@ pub(crate) async fn within_deadline<T>(
                 // statement): a throwaway statement takes it, not the next
                 // caller's.
                 Ok(_) => {
-                    let absorb = target.client.batch_execute("SELECT 1");
+                    // In a turn: never between an atomic batch's requests.
+                    let absorb = target
+                        .state
+                        .turns
+                        .send(target.client.batch_execute("SELECT 1"));
                     if tokio::time::timeout(CANCEL_GRACE, absorb).await.is_err() {
                         target.state.kill(CloseReason::Broken);
                     }

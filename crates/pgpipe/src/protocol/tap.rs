@@ -68,9 +68,12 @@ pub(crate) struct TappedStream<S> {
 /// requests that open and close them (`BEGIN`, and `COMMIT` or `ROLLBACK`,
 /// as simple queries: on a shared connection only the pool sends those,
 /// since the guard refuses transaction control there). The answers between
-/// them may show a transaction (`T`, or `E` after a failed item); any other
-/// answer that does quarantines the connection, as does a `COMMIT` that
-/// leaves one open.
+/// them may show a transaction (`T`, or `E` after a failed item), and the
+/// `ParameterStatus` a `SET LOCAL` inside sends (and its `COMMIT` undoes);
+/// any other answer that shows a transaction quarantines the connection,
+/// as does a `COMMIT` that leaves one open. Forgotten at the first write
+/// while the connection is not shared: a batch whose close went out then
+/// was never seen closing, and must not cover what comes after.
 #[derive(Debug, Default)]
 struct Units(std::collections::VecDeque<(u64, u64)>);
 
@@ -92,12 +95,22 @@ impl Units {
     /// transaction: it is a batch's `BEGIN` or one of its items. Answers
     /// come in request order, so batches answered in full are forgotten.
     fn inside(&mut self, request: u64) -> bool {
+        self.front_for(request)
+            .is_some_and(|(begin, end)| (begin..end).contains(&request))
+    }
+
+    /// Whether request number `request` belongs to a batch, its `COMMIT`
+    /// included.
+    fn covers(&mut self, request: u64) -> bool {
+        self.front_for(request)
+            .is_some_and(|(begin, end)| (begin..=end).contains(&request))
+    }
+
+    fn front_for(&mut self, request: u64) -> Option<(u64, u64)> {
         while self.0.front().is_some_and(|(_, end)| *end < request) {
             self.0.pop_front();
         }
-        self.0
-            .front()
-            .is_some_and(|(begin, end)| (*begin..*end).contains(&request))
+        self.0.front().copied()
     }
 }
 
@@ -192,7 +205,8 @@ impl<S> TappedStream<S> {
             }
             b'S' if state.readies.load(Ordering::Acquire) + readies > 0
                 && !SERVER_STATE.contains(&message.parameter_name())
-                && !state.behind_transaction_pooler() =>
+                && !state.behind_transaction_pooler()
+                && !units.covers(answered_before + readies + 1) =>
             {
                 state.quarantine(QuarantineReason::SessionState);
             }
@@ -237,6 +251,9 @@ impl<S> TappedStream<S> {
         let (mut syncs, mut others) = (0, 0);
         let written_before = self.state.requests.load(Ordering::Acquire);
         let shared = self.state.is_shared();
+        if !shared && !self.units.0.is_empty() {
+            self.units.0.clear();
+        }
         let units = &mut self.units;
         self.outbound.feed(bytes, |message| match message.kind {
             b'S' => syncs += 1,
@@ -558,6 +575,39 @@ mod tests {
         // The query after it in a transaction: quarantined.
         let (state, mut tap) = shared();
         for status in [b'I', b'T', b'T', b'T', b'I', b'T'] {
+            tap.observe_read(&ready(status));
+        }
+        assert!(state.is_quarantined());
+        // BEGIN written (and answered) before the rest of its batch: the
+        // batch still covers the rest.
+        let state = Arc::new(ConnState::default());
+        state.load.share();
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
+        tap.observe_read(&ready(b'I'));
+        tap.observe_write(&simple_query("BEGIN"), None);
+        tap.observe_read(&ready(b'T'));
+        tap.observe_write(&[&SYNC[..], &simple_query("COMMIT")].concat(), None);
+        for status in [b'T', b'I'] {
+            tap.observe_read(&ready(status));
+        }
+        assert!(!state.is_quarantined());
+        // Its COMMIT written once the connection was no longer shared: the
+        // batch is forgotten, and covers nothing after.
+        let (state, mut tap) = {
+            let state = Arc::new(ConnState::default());
+            state.load.share();
+            let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+            tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
+            tap.observe_read(&ready(b'I'));
+            tap.observe_write(&simple_query("BEGIN"), None);
+            state.load.unshare();
+            tap.observe_write(&simple_query("COMMIT"), None);
+            state.load.share();
+            tap.observe_write(&SYNC, None);
+            (state, tap)
+        };
+        for status in [b'T', b'I', b'T'] {
             tap.observe_read(&ready(status));
         }
         assert!(state.is_quarantined());
