@@ -313,3 +313,36 @@ async fn listen_on_a_checkout_receives_notifications_and_the_next_user_does_not(
         "the next user read the last one's notifications (or its LISTEN)"
     );
 }
+
+/// Statements a user made with SQL `PREPARE` on a checked-out connection
+/// (odd names too) are gone before its next user; the pool's own stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_prepared_statements_do_not_outlive_their_user() {
+    let pool = builder(&app("sql_prepare"))
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let conn = pool.get().await.unwrap();
+        let pid = backend_pid_of(&conn).await;
+        conn.batch_execute(r#"PREPARE plain AS SELECT 1; PREPARE "odd ""name""" AS SELECT 2"#)
+            .await
+            .unwrap();
+        drop(conn);
+        let conn = pool.get().await.unwrap();
+        assert_eq!(backend_pid_of(&conn).await, pid, "the same connection");
+        let left: i64 = conn
+            .query_one(
+                "SELECT count(*) FROM pg_prepared_statements WHERE from_sql",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            left, 0,
+            "a user's prepared statements reached the next user"
+        );
+    }
+}

@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use tokio_postgres::Client;
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::error::Error;
 use crate::metrics::CloseReason;
@@ -98,19 +98,37 @@ impl PgConn {
             sql.push_str("ROLLBACK; ");
         }
         sql.push_str(SESSION_CLEANUP);
+        // Their names, rather than a `DO` block that deallocates them: that
+        // block cost about 0.1 ms of server time on every reset (pgbench,
+        // one client), and there is rarely anything to deallocate.
         sql.push_str(
-            "; DO $$ DECLARE s text; BEGIN FOR s IN SELECT name FROM \
-             pg_catalog.pg_prepared_statements WHERE from_sql LOOP \
-             EXECUTE format('DEALLOCATE %I', s); END LOOP; END $$",
+            "; SELECT name AS pgpipe_sql_prepared FROM pg_catalog.pg_prepared_statements \
+             WHERE from_sql",
         );
         if let Some(after) = self.state.after_connect() {
             sql.push_str("; ");
             sql.push_str(after);
         }
-        self.client
-            .batch_execute(&sql)
-            .await
-            .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        let failed = |e| Error::from_query(e, self.client.is_closed());
+        let answers = self.client.simple_query(&sql).await.map_err(failed)?;
+        let deallocate: Vec<String> = answers
+            .iter()
+            .filter_map(|answer| match answer {
+                SimpleQueryMessage::Row(row)
+                    if row.columns().first().map(|c| c.name()) == Some("pgpipe_sql_prepared") =>
+                {
+                    row.get(0)
+                        .map(|name| format!("DEALLOCATE \"{}\"", name.replace('"', "\"\"")))
+                }
+                _ => None,
+            })
+            .collect();
+        if !deallocate.is_empty() {
+            self.client
+                .batch_execute(&deallocate.join("; "))
+                .await
+                .map_err(failed)?;
+        }
         // After `UNLISTEN *`: what the last user did not read is theirs.
         self.notifications.clear();
         self.state.cleaned();
