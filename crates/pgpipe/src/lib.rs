@@ -8,7 +8,8 @@
 // pool         `Pool`, the public API: every method a short delegate.
 // query        one query end to end: guard, route or check out, window,
 //              run, deadline, retry of unsent, learned cost, metrics.
-// batch        `Batch`: isolated (pipelined) and atomic batches.
+// batch        `Batch`: isolated (pipelined) and atomic batches (pipelined
+//              as one unit when the guard lets every item on the shared path).
 // shared       the pipelined path: `Router` owns the shared connections,
 //              admission, the wait queue, routing, opens, costs.
 // exclusive    `Pool::get`: `Exclusive` owns permits, claims, deadlocks;

@@ -141,7 +141,7 @@ impl Router {
     /// How many connections the shared path may hold now: what exclusive
     /// users have not claimed.
     fn shared_limit(&self) -> usize {
-        self.config.max_size.saturating_sub(self.claims.claimed())
+        self.config.max_size.saturating_sub(self.claims.reserved())
     }
 
     /// The most queries one shared connection may carry now.
@@ -156,7 +156,7 @@ impl Router {
     /// left. Never raised behind a pooler that cannot track a pipeline.
     pub(crate) fn max_depth(&self) -> u64 {
         let depth = self.config.max_pipeline_depth as u64;
-        let claimed = self.claims.claimed();
+        let claimed = self.claims.reserved();
         if claimed == 0 || !self.config.pooler.allows_pipeline() {
             return depth;
         }
