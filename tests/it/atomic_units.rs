@@ -11,29 +11,16 @@ use pgpipe_test_support::{admin, unique};
 use prometheus::Registry;
 use tokio_postgres::error::SqlState;
 
-use crate::support::{Scrape, app, builder, builder_via, proxy};
+use crate::support::{
+    Scrape, app, builder, builder_via, count_rows, drop_table, proxy, scratch_table,
+};
 
 async fn table(columns: &str) -> String {
-    let table = unique("unit");
-    admin()
-        .await
-        .batch_execute(&format!("CREATE TABLE {table} ({columns})"))
-        .await
-        .unwrap();
-    table
-}
-
-async fn drop_table(table: &str) {
-    admin()
-        .await
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    scratch_table("unit", columns).await
 }
 
 async fn count(pool: &Pool, table: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {table}");
-    pool.query_one(&sql, &[]).await.unwrap().get(0)
+    count_rows(pool, table).await
 }
 
 fn pipelined(registry: &Registry) -> f64 {

@@ -3,11 +3,14 @@
 use std::time::Duration;
 
 use pgpipe::{Answer, ErrorKind, Pool};
-use pgpipe_test_support::{admin, unique};
+use pgpipe_test_support::admin;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use crate::support::{Rng, app, builder, builder_via, idle_in_transaction, proxy};
+use crate::support::{
+    Rng, app, builder, builder_via, count_rows, drop_table, idle_in_transaction, proxy,
+    scratch_table,
+};
 
 fn pool(test: &str) -> Pool {
     builder(&app(test))
@@ -18,26 +21,11 @@ fn pool(test: &str) -> Pool {
 }
 
 async fn table(columns: &str) -> String {
-    let table = unique("batch");
-    admin()
-        .await
-        .batch_execute(&format!("CREATE TABLE {table} ({columns})"))
-        .await
-        .unwrap();
-    table
-}
-
-async fn drop_table(table: &str) {
-    admin()
-        .await
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    scratch_table("batch", columns).await
 }
 
 async fn count(pool: &Pool, table: &str) -> i64 {
-    let sql = format!("SELECT count(*) FROM {table}");
-    pool.query_one(&sql, &[]).await.unwrap().get(0)
+    count_rows(pool, table).await
 }
 
 fn value(answer: &Answer) -> i64 {

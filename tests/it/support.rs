@@ -243,3 +243,28 @@ pub(crate) async fn backend_pid(pool: &Pool) -> i32 {
         .expect("pg_backend_pid() answers")
         .get(0)
 }
+
+/// A table of its own for one test (`CREATE TABLE <prefix>_… (columns)`).
+pub(crate) async fn scratch_table(prefix: &str, columns: &str) -> String {
+    let table = unique(prefix);
+    pgpipe_test_support::admin()
+        .await
+        .batch_execute(&format!("CREATE TABLE {table} ({columns})"))
+        .await
+        .unwrap();
+    table
+}
+
+pub(crate) async fn drop_table(table: &str) {
+    pgpipe_test_support::admin()
+        .await
+        .batch_execute(&format!("DROP TABLE {table}"))
+        .await
+        .unwrap();
+}
+
+/// `count(*)` of `table`, through `pool`.
+pub(crate) async fn count_rows(pool: &Pool, table: &str) -> i64 {
+    let sql = format!("SELECT count(*) FROM {table}");
+    pool.query_one(&sql, &[]).await.unwrap().get(0)
+}

@@ -533,17 +533,23 @@ mod tests {
         [b'Z', 0, 0, 0, 5, status]
     }
 
+    /// A tap on a shared connection, past start-up.
+    fn shared_tap() -> (Arc<ConnState>, TappedStream<()>) {
+        let state = Arc::new(ConnState::default());
+        state.load.share();
+        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
+        tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
+        tap.observe_read(&ready(b'I')); // start-up is over
+        (state, tap)
+    }
+
     /// A shared connection carrying one atomic batch (BEGIN, two items,
     /// COMMIT) between two plain queries: only the batch's own answers may
     /// show its transaction.
     #[test]
     fn only_an_atomic_batchs_own_answers_may_show_its_transaction() {
         let shared = || {
-            let state = Arc::new(ConnState::default());
-            state.load.share();
-            let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
-            tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
-            tap.observe_read(&ready(b'I')); // start-up is over
+            let (state, mut tap) = shared_tap();
             let write = [
                 &SYNC[..],
                 &simple_query("BEGIN"),
@@ -580,11 +586,7 @@ mod tests {
         assert!(state.is_quarantined());
         // BEGIN written (and answered) before the rest of its batch: the
         // batch still covers the rest.
-        let state = Arc::new(ConnState::default());
-        state.load.share();
-        let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
-        tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
-        tap.observe_read(&ready(b'I'));
+        let (state, mut tap) = shared_tap();
         tap.observe_write(&simple_query("BEGIN"), None);
         tap.observe_read(&ready(b'T'));
         tap.observe_write(&[&SYNC[..], &simple_query("COMMIT")].concat(), None);
@@ -594,19 +596,12 @@ mod tests {
         assert!(!state.is_quarantined());
         // Its COMMIT written once the connection was no longer shared: the
         // batch is forgotten, and covers nothing after.
-        let (state, mut tap) = {
-            let state = Arc::new(ConnState::default());
-            state.load.share();
-            let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
-            tap.observe_write(&[0, 0, 0, 9, 0, 3, 0, 0, 0], None);
-            tap.observe_read(&ready(b'I'));
-            tap.observe_write(&simple_query("BEGIN"), None);
-            state.load.unshare();
-            tap.observe_write(&simple_query("COMMIT"), None);
-            state.load.share();
-            tap.observe_write(&SYNC, None);
-            (state, tap)
-        };
+        let (state, mut tap) = shared_tap();
+        tap.observe_write(&simple_query("BEGIN"), None);
+        state.load.unshare();
+        tap.observe_write(&simple_query("COMMIT"), None);
+        state.load.share();
+        tap.observe_write(&SYNC, None);
         for status in [b'T', b'I', b'T'] {
             tap.observe_read(&ready(status));
         }
