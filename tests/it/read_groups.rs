@@ -13,7 +13,9 @@ use pgpipe::{ErrorKind, Pool};
 use pgpipe_test_support::{admin, backend_pids, unique};
 use prometheus::Registry;
 
-use crate::support::{Rng, Scrape, app, builder, builder_via, proxy};
+use crate::support::{
+    Rng, Scrape, app, assert_reads_in_step, builder, builder_via, drop_table, proxy, scratch_table,
+};
 
 /// What a load saw.
 #[derive(Debug, Default)]
@@ -123,24 +125,12 @@ async fn reads_share_syncs_and_every_answer_and_error_stays_with_its_caller() {
     );
     assert!(saved > 0.0);
     // The pool is in step afterwards.
-    for i in 0..100i64 {
-        let row = pool
-            .read()
-            .query_one("SELECT $1::int8", &[&i])
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, i64>(0), i);
-    }
+    assert_reads_in_step(&pool, 100).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_in_a_busy_group_fails_alone_with_25006_and_writes_nothing() {
-    let table = unique("group_write");
-    admin()
-        .await
-        .batch_execute(&format!("CREATE TABLE {table} (id int8)"))
-        .await
-        .unwrap();
+    let table = scratch_table("group_write", "id int8").await;
     let proxy = proxy(Duration::from_micros(500));
     let registry = Registry::new();
     let pool = builder_via(&proxy, &app("groupw"))
@@ -182,11 +172,7 @@ async fn a_write_in_a_busy_group_fails_alone_with_25006_and_writes_nothing() {
         .get(0);
     assert_eq!(written, 0, "a write through the read handle wrote");
     assert!(Scrape::of(&registry).value("pgpipe_read_group_syncs_saved_total", &[]) > 0.0);
-    admin()
-        .await
-        .batch_execute(&format!("DROP TABLE {table}"))
-        .await
-        .unwrap();
+    drop_table(&table).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use pgpipe::{Consistency, ErrorKind, Pool, PoolBuilder, ReplicaFallback, TargetS
 use pgpipe_test_support::{ReplicaSet, ReplicaSetBuilder, connect, unique};
 use prometheus::Registry;
 
-use crate::support::Scrape;
+use crate::support::{Scrape, assert_reads_in_step};
 
 /// Starts a primary and two standbys (the server binaries are required:
 /// the tests' own server comes from them too).
@@ -690,14 +690,7 @@ async fn a_promotion_under_reads_in_flight_fails_none_and_counts_a_role_change()
     }
     // Reads after it go on, and the promoted host's connections were
     // retired as a role change, never as session state.
-    for i in 0..100i64 {
-        let row = pool
-            .read()
-            .query_one("SELECT $1::int8", &[&i])
-            .await
-            .unwrap();
-        assert_eq!(row.get::<_, i64>(0), i);
-    }
+    assert_reads_in_step(&pool, 100).await;
     let scrape = Scrape::of(&registry);
     let quarantined =
         |reason: &str| scrape.value("pgpipe_pipeline_quarantined_total", &[("reason", reason)]);

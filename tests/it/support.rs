@@ -268,3 +268,16 @@ pub(crate) async fn count_rows(pool: &Pool, table: &str) -> i64 {
     let sql = format!("SELECT count(*) FROM {table}");
     pool.query_one(&sql, &[]).await.unwrap().get(0)
 }
+
+/// `n` reads through `pool.read()`, one after another, each answered with
+/// its own value: the pool is in step.
+pub(crate) async fn assert_reads_in_step(pool: &Pool, n: i64) {
+    for i in 0..n {
+        let row = pool
+            .read()
+            .query_one("SELECT $1::int8", &[&i])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, i64>(0), i);
+    }
+}

@@ -67,6 +67,9 @@ pub struct Batch<'a> {
     atomic: bool,
     /// Reads through [`Pool::read`](crate::Pool::read): where they may go.
     read: Option<Consistency>,
+    /// An atomic batch: whether it goes out as a unit of a shared pipeline
+    /// (decided once, when it runs; see `unit.rs`).
+    unit: std::sync::OnceLock<bool>,
 }
 
 struct Item<'a> {
@@ -83,6 +86,7 @@ impl<'a> Batch<'a> {
             params: Vec::new(),
             atomic,
             read: None,
+            unit: std::sync::OnceLock::new(),
         }
     }
 

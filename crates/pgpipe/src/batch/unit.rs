@@ -41,11 +41,13 @@ impl Batch<'_> {
     /// path waits for an idle wire there), within one connection's pipeline
     /// depth, and every item one the guard vouches for on the shared path.
     pub(super) fn shares_a_pipeline(&self, inner: &PoolInner) -> bool {
-        let config = inner.config();
-        config.pipelining
-            && !config.pooler.is_transaction()
-            && self.items.len() + 2 <= config.max_pipeline_depth
-            && !self.needs_cleanup(inner)
+        *self.unit.get_or_init(|| {
+            let config = inner.config();
+            config.pipelining
+                && !config.pooler.is_transaction()
+                && self.items.len() + 2 <= config.max_pipeline_depth
+                && !self.needs_cleanup(inner)
+        })
     }
 
     /// Whether an item may leave session state behind: session SQL, or code
