@@ -56,8 +56,8 @@ impl Drop for Preparing<'_> {
 
 impl Turns {
     /// Runs `request`, handing it to the connection in a turn of its own.
-    pub(crate) fn send<F: Future>(&self, request: F) -> Send<'_, F> {
-        Send {
+    pub(crate) fn send<F: Future>(&self, request: F) -> PlainRequest<'_, F> {
+        PlainRequest {
             request: InTurn::new(self, request, Shared),
         }
     }
@@ -177,13 +177,13 @@ impl<F: Future, T: Turn> Future for InTurn<'_, F, T> {
 
 pin_project_lite::pin_project! {
     /// A request in a turn that always goes ahead: [`Turns::send`].
-    pub(crate) struct Send<'a, F> {
+    pub(crate) struct PlainRequest<'a, F> {
         #[pin]
         request: InTurn<'a, F, Shared>,
     }
 }
 
-impl<F: Future> Future for Send<'_, F> {
+impl<F: Future> Future for PlainRequest<'_, F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
@@ -199,7 +199,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct Prepare<'a, F> {
         _counted: Preparing<'a>,
         #[pin]
-        request: Send<'a, F>,
+        request: PlainRequest<'a, F>,
     }
 }
 
