@@ -14,6 +14,7 @@ mod hygiene;
 mod lifecycle;
 mod metrics;
 mod overload;
+mod owned_transactions;
 mod poolers;
 mod quarantine;
 mod read_groups;

@@ -7,13 +7,14 @@ use tokio_postgres::types::ToSql;
 
 use crate::answer::{Answer, Op};
 use crate::error::Error;
-use crate::exclusive::{Connection, Transaction};
+use crate::exclusive::{Connection, OwnedTransaction, Transaction};
 use crate::pool::Pool;
 use crate::routed::Routed;
 use crate::slow::Slow;
 
 /// Runs queries: implemented by [`Pool`] (pipelined, with pipelining on),
-/// [`Connection`] (an exclusive checkout), [`Transaction`], [`Slow`] and
+/// [`Connection`] (an exclusive checkout), [`Transaction`],
+/// [`OwnedTransaction`], [`Slow`] and
 /// [`Routed`] (reads, from [`Pool::read`]).
 ///
 /// tokio-postgres' own `GenericClient` is sealed, and covers neither a pool
@@ -149,7 +150,7 @@ macro_rules! executor_by_run {
     )*};
 }
 
-executor_by_run!(Connection, Transaction<'_>);
+executor_by_run!(Connection, Transaction<'_>, OwnedTransaction);
 
 /// A reference runs queries as what it refers to, so `&pool` and `&tx` can
 /// be passed on by value too.

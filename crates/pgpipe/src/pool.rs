@@ -23,7 +23,7 @@ use crate::conn::tls::Tls;
 use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
 use crate::error::ErrorKind;
-use crate::exclusive::{Connection, Exclusive, Holder};
+use crate::exclusive::{Connection, Exclusive, Holder, NotBegun, OwnedTransaction};
 use crate::hosts::dispatch::{self, Query};
 use crate::hosts::{Host, HostSettings, Hosts};
 use crate::metrics::{self, Metrics, Mode, Snapshot};
@@ -35,6 +35,10 @@ use crate::slow::Slow;
 use crate::status::Status;
 use crate::target::{Consistency, TargetSessionAttrs, WriteToken};
 use crate::{executor, housekeeping, query};
+
+/// How many connections `begin()` tries when the last user's session
+/// cannot be reset on one (each such connection is closed).
+const BEGIN_ATTEMPTS: u32 = 3;
 
 /// A pool of PostgreSQL connections whose queries, with
 /// [`pipelining`](PoolBuilder::pipelining) on, share connections and are
@@ -330,10 +334,18 @@ impl Pool {
     /// or [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica) when no host
     /// of that kind is up.
     pub async fn get_with(&self, target: TargetSessionAttrs) -> Result<Connection, Error> {
+        self.get_as(target, Holder::Caller).await
+    }
+
+    async fn get_as(
+        &self,
+        target: TargetSessionAttrs,
+        holder: Holder,
+    ) -> Result<Connection, Error> {
         let deadline = self.hosts.failover_deadline();
         let mut waits = 0;
         loop {
-            let conn = self.checkout_with(target).await;
+            let conn = self.checkout_as(target, holder).await;
             // No connection to the host the target named: it may be gone.
             // With several hosts, wait for a round of checks within
             // `failover_wait` and ask again.
@@ -348,10 +360,55 @@ impl Pool {
         }
     }
 
-    async fn checkout_with(&self, target: TargetSessionAttrs) -> Result<Connection, Error> {
+    /// Begins a transaction on a connection of its own, which goes back to
+    /// the pool when the transaction ends. Cheaper than [`get`](Pool::get)
+    /// and [`Connection::transaction`] by a round trip: the session reset
+    /// between users rides along with the `BEGIN` and the `COMMIT` instead
+    /// of costing a round trip before the `BEGIN`. See [`OwnedTransaction`].
+    ///
+    /// ```no_run
+    /// use pgpipe::Executor;
+    ///
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let tx = pool.begin().await?;
+    /// tx.execute("INSERT INTO audit (event) VALUES ($1)", &[&"login"]).await?;
+    /// tx.commit().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Pool::get), and [`ErrorKind::ConnectionLost`] when the
+    /// connection broke before the transaction began.
+    pub async fn begin(&self) -> Result<OwnedTransaction, Error> {
+        let target = self.hosts.settings.default_target;
+        let mut attempts = 0;
+        loop {
+            let conn = self.get_as(target, Holder::Begin).await?;
+            match OwnedTransaction::begin(conn).await {
+                Ok(tx) => return Ok(tx),
+                Err(NotBegun::Failed(error)) => return Err(error),
+                // That connection is closed: another one, as a checkout
+                // whose reset failed would take.
+                Err(NotBegun::ResetFailed(error)) => {
+                    attempts += 1;
+                    if attempts >= BEGIN_ATTEMPTS {
+                        return Err(error);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn checkout_as(
+        &self,
+        target: TargetSessionAttrs,
+        holder: Holder,
+    ) -> Result<Connection, Error> {
         let lane = self.hosts.lane_for(target).await?;
         let waiting = lane.metrics.as_ref().map(|_| Instant::now());
-        let checkout = lane.checkout(Holder::Caller);
+        let checkout = lane.checkout(holder);
         #[cfg(feature = "tracing")]
         let checkout = tracing::Instrument::instrument(
             checkout,

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::Poll;
 
-use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::config::deadline_after;
@@ -24,6 +23,7 @@ use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target, Usable};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::housekeeping;
+use crate::ordered::join_in_order;
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
 

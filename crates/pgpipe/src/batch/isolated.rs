@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use super::ordered::{each_in_order, join_in_order};
 use super::{Batch, BatchResults};
 use crate::answer::Answer;
 use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
+use crate::ordered::{each_in_order, join_in_order};
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
 use crate::{housekeeping, query};

@@ -3,7 +3,6 @@
 
 mod atomic;
 mod isolated;
-mod ordered;
 mod unit;
 
 use std::fmt;

@@ -15,12 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::atomic::{LeftBehind, UNSENT_RETRIES, steps};
-use super::ordered::join_in_order;
 use super::{Batch, BatchResults};
 use crate::conn::run::{self, Late, Prepare, Target};
 use crate::conn::state::ConnState;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::CloseReason;
+use crate::ordered::join_in_order;
 use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
 use crate::query;

@@ -35,6 +35,14 @@ pub(crate) struct Manager {
     pub(crate) read_groups: bool,
 }
 
+tokio::task_local! {
+    /// Set around a checkout whose caller resets the last user's session
+    /// itself, in the same write as its own first request
+    /// ([`Pool::begin`](crate::Pool::begin)): recycling leaves the reset to
+    /// it and marks the connection [`reset_owed`](PgConn::reset_owed).
+    pub(crate) static CALLER_RESETS: ();
+}
+
 /// How long a checkout waits for a returned connection to finish what its
 /// last user left behind before giving up on it.
 const RECYCLE_PATIENCE: Duration = Duration::from_secs(1);
@@ -106,6 +114,7 @@ impl Manager {
             created: Instant::now(),
             lifetime: self.max_lifetime.map(jitter),
             wire: Arc::clone(&self.wire),
+            reset_owed: false,
         })
     }
 }
@@ -157,7 +166,10 @@ impl managed::Manager for Manager {
         // served the shared path): no state of theirs reaches the next user.
         // Behind a transaction pooler there is no session of its own to
         // reset: the next statement may run on any server.
-        if conn.state.needs_reset.load(Ordering::Acquire) && self.behind == Behind::Nothing {
+        let needs_reset =
+            conn.state.needs_reset.load(Ordering::Acquire) && self.behind == Behind::Nothing;
+        conn.reset_owed = needs_reset && CALLER_RESETS.try_with(|()| ()).is_ok();
+        if needs_reset && !conn.reset_owed {
             let reset = conn.reset_session();
             match tokio::time::timeout(RECYCLE_PATIENCE, reset).await {
                 Ok(Ok(())) => {}

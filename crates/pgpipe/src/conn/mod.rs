@@ -62,6 +62,10 @@ pub(crate) struct PgConn {
     created: Instant,
     lifetime: Option<Duration>,
     wire: Arc<PoolWire>,
+    /// The last user's session is not reset yet: the checkout that took it
+    /// resets it together with its own first request (see
+    /// [`manager::CALLER_RESETS`]), before anything of its user's is sent.
+    pub(crate) reset_owed: bool,
 }
 
 impl PgConn {
@@ -93,8 +97,20 @@ impl PgConn {
     /// ALL`), so the statement cache stays valid; statements made with SQL
     /// `PREPARE` are deallocated.
     pub(crate) async fn reset_session(&self) -> Result<(), Error> {
+        let rollback = self.state.tx_status.load(Ordering::Acquire) != b'I';
+        self.reset(rollback).await
+    }
+
+    /// As [`reset_session`](PgConn::reset_session), written right behind a
+    /// `COMMIT` or `ROLLBACK` still on its way: that ends the transaction,
+    /// so the reset starts none of its own.
+    pub(crate) async fn reset_session_after_end(&self) -> Result<(), Error> {
+        self.reset(false).await
+    }
+
+    async fn reset(&self, rollback: bool) -> Result<(), Error> {
         let mut sql = String::new();
-        if self.state.tx_status.load(Ordering::Acquire) != b'I' {
+        if rollback {
             sql.push_str("ROLLBACK; ");
         }
         sql.push_str(SESSION_CLEANUP);

@@ -158,11 +158,37 @@ impl Connection {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
+        self.run_on(self.object.target(), sql, params, op).await
+    }
+
+    /// As [`run`](Connection::run), inside a transaction the caller began
+    /// on it: a cached plan the server refused is not retried, since the
+    /// refusal aborted the transaction.
+    pub(crate) async fn run_in_transaction(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Answer, Error> {
+        let target = run::Target {
+            heal: false,
+            ..self.object.target()
+        };
+        self.run_on(target, sql, params, op).await
+    }
+
+    async fn run_on(
+        &self,
+        target: run::Target<'_>,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> Result<Answer, Error> {
         let counting = self
             .held
             .as_ref()
             .map(|(_, m)| Counting::start(m, Mode::Exclusive));
-        let result = run::run_for_holder(self.object.target(), sql, params, op, self.run).await;
+        let result = run::run_for_holder(target, sql, params, op, self.run).await;
         if let Some(counting) = counting {
             counting.finish(result.as_ref().map(drop));
         }
@@ -184,6 +210,13 @@ impl Connection {
     /// The pooled connection underneath.
     pub(crate) fn pg_conn(&self) -> &PgConn {
         &self.object
+    }
+
+    /// Whether the last user's session is still to be reset (a checkout
+    /// for [`Pool::begin`](crate::Pool::begin)); asking clears it, since
+    /// the caller resets it now.
+    pub(crate) fn take_reset_owed(&mut self) -> bool {
+        std::mem::take(&mut self.object.reset_owed)
     }
 }
 

@@ -1,5 +1,8 @@
 //! The exclusive side: checking out a whole connection with
-//! [`Pool::get`](crate::Pool::get), for transactions and session state.
+//! [`Pool::get`](crate::Pool::get), for transactions and session state, or
+//! with [`Pool::begin`](crate::Pool::begin) for one transaction
+//! ([`OwnedTransaction`], whose session resets ride along with its `BEGIN`
+//! and `COMMIT`).
 //!
 //! [`Exclusive`] owns the `max_exclusive` permits, the [`Claims`] (how many
 //! connections exclusive users hold, and which tasks), and the deadlock
@@ -10,6 +13,7 @@
 //! lets the router use the connection again ([`Router::dispatch`]).
 
 mod connection;
+mod owned;
 mod transaction;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,10 +25,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 pub use connection::Connection;
+pub(crate) use owned::NotBegun;
+pub use owned::OwnedTransaction;
 pub use transaction::Transaction;
 
 use crate::config::deadline_after;
 use crate::conn::Manager;
+use crate::conn::manager::CALLER_RESETS;
 use crate::conn::run::RunSettings;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Metrics;
@@ -152,6 +159,10 @@ pub(crate) enum Holder {
     /// The caller, with the raw client ([`Pool::get`](crate::Pool::get), an
     /// atomic batch): it may leave any session state; reset it after.
     Caller,
+    /// The caller, through [`Pool::begin`](crate::Pool::begin): as
+    /// `Caller`, but the last user's session is reset in the same write as
+    /// the `BEGIN`, not a round trip before it.
+    Begin,
     /// The pool, for queries the guard has checked (with pipelining off):
     /// whatever their code may leave is cleaned behind them.
     Pool,
@@ -316,15 +327,21 @@ impl Exclusive {
             recycle: Some(self.wait_timeout),
         };
         let waiting = Waiting::new(&self.waiting_connection);
-        let object = self.pg.timeout_get(&timeouts).await;
+        let object = match holder {
+            Holder::Begin => {
+                let get = self.pg.timeout_get(&timeouts);
+                CALLER_RESETS.scope((), get).await
+            }
+            Holder::Caller | Holder::Pool => self.pg.timeout_get(&timeouts).await,
+        };
         drop(waiting);
         let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
-        if holder == Holder::Caller {
+        if holder != Holder::Pool {
             object.state.needs_reset.store(true, Ordering::Release);
         }
         object.state.exclusive.store(true, Ordering::Release);
         let held = match holder {
-            Holder::Caller => self.metrics.clone(),
+            Holder::Caller | Holder::Begin => self.metrics.clone(),
             Holder::Pool => None,
         };
         Ok(Connection::new(object, claim, self.run, held))
