@@ -44,7 +44,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --rounds N         rounds per cell; tables show the median round
   --duration SECS    measured seconds per cell
   --warmup SECS      unmeasured seconds before each cell
-  --workloads LIST   echo,reads,web,head-of-line,writes,functions,transfers,batches
+  --workloads LIST   echo,reads,web,head-of-line,writes,functions,transfers,batches,begins
   --delays-us LIST   one-way delays in microseconds (0 = direct)
   --tasks LIST       concurrent tasks, e.g. 1,64,512
   --targets TEXT     only targets whose name contains TEXT
@@ -62,7 +62,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      --rounds, --duration apply)
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
-  --tx-rate N        transfers, batches: transactions per second, paced, for all targets
+  --tx-rate N        transfers, batches, begins: transactions per second, paced, for all targets
                      alike (default: as many as the transaction tasks can)
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds

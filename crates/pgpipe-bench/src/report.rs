@@ -161,7 +161,8 @@ pub(crate) fn markdown(records: &[Record], target_order: &[String]) -> String {
             );
         }
         out.push_str("\n\n");
-        let hol = matches!(workload.as_str(), "head-of-line" | "transfers" | "batches");
+        let hol = crate::workload::Workload::parse(workload.as_str())
+            .is_some_and(|w| w.has_second_class());
         out.push_str("| tasks | target | queries/s | × deadpool (16) | × shared client | p50 ms | p99 ms | p99.9 ms |");
         if hol {
             out.push_str(" slow p99 ms | slow/s |");

@@ -99,6 +99,17 @@ pub(crate) struct Tuning {
     pub(crate) slow: Option<Option<std::time::Duration>>,
 }
 
+/// How pgpipe runs a transfer's transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxVia {
+    /// `pool.get()`, then `conn.transaction()`.
+    Get,
+    /// `pool.begin()`.
+    Begin,
+    /// `pool.atomic_batch()`.
+    AtomicBatch,
+}
+
 /// A pool ready to run queries.
 pub(crate) enum Target {
     Pgpipe(pgpipe::Pool, prometheus::Registry),
@@ -236,19 +247,19 @@ impl Target {
     }
 
     /// A transaction moving one unit from account `a` to `b` with `sql`
-    /// (`UPDATE … SET n = n + $2 WHERE id = $1`): on pgpipe an atomic batch
-    /// when `atomic`, else an interactive transaction on an exclusive
-    /// connection, as on deadpool. One shared client cannot hold a
-    /// transaction for one task among many.
+    /// (`UPDATE … SET n = n + $2 WHERE id = $1`): on pgpipe as `via` says,
+    /// on deadpool always an interactive transaction. One shared client
+    /// cannot hold a transaction for one task among many.
     pub(crate) async fn transfer(
         &self,
         sql: &str,
         a: i64,
         b: i64,
-        atomic: bool,
+        via: TxVia,
     ) -> Result<(), BoxError> {
+        use pgpipe::Executor;
         match self {
-            Target::Pgpipe(pool, _) if atomic => {
+            Target::Pgpipe(pool, _) if via == TxVia::AtomicBatch => {
                 let mut batch = pool.atomic_batch();
                 batch.execute(sql, &[&a, &-1i64]);
                 batch.execute(sql, &[&b, &1i64]);
@@ -257,8 +268,13 @@ impl Target {
                 }
                 Ok(())
             }
+            Target::Pgpipe(pool, _) if via == TxVia::Begin => {
+                let tx = pool.begin().await?;
+                tx.execute(sql, &[&a, &-1i64]).await?;
+                tx.execute(sql, &[&b, &1i64]).await?;
+                Ok(tx.commit().await?)
+            }
             Target::Pgpipe(pool, _) => {
-                use pgpipe::Executor;
                 let mut conn = pool.get().await?;
                 let tx = conn.transaction().await?;
                 tx.execute(sql, &[&a, &-1i64]).await?;

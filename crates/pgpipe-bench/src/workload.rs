@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::targets::{BoxError, Target};
+use crate::targets::{BoxError, Target, TxVia};
 
 /// One kind of request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +37,10 @@ pub(crate) enum Workload {
     /// (`BEGIN`, the items and `COMMIT` pipelined); an interactive
     /// transaction on the other pools.
     Batches,
+    /// As `Transfers`, with the transaction from `pool.begin()` on pgpipe
+    /// (the session reset between users rides along with `BEGIN` and
+    /// `COMMIT`); an interactive transaction on the other pools.
+    Begins,
     /// Echo through pgpipe's read handle (`pool.read()`: read-only
     /// connections, the reads of one write under one Sync); the same echo on
     /// the other pools.
@@ -52,7 +56,7 @@ const WEB: [&str; 3] = [
 const SLOW: &str = "SELECT $1::int8 FROM pg_sleep(0.02)";
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 8] = [
+    pub(crate) const ALL: [Workload; 9] = [
         Workload::Echo,
         Workload::Reads,
         Workload::Web,
@@ -61,19 +65,23 @@ impl Workload {
         Workload::Functions,
         Workload::Transfers,
         Workload::Batches,
+        Workload::Begins,
     ];
 
     /// Whether its requests fall in two classes, reported apart: the slow
     /// queries of head-of-line, the transactions of transfers and batches.
     /// Transfers and batches: every tenth task runs only transactions.
     pub(crate) fn has_transaction_tasks(self) -> bool {
-        matches!(self, Workload::Transfers | Workload::Batches)
+        matches!(
+            self,
+            Workload::Transfers | Workload::Batches | Workload::Begins
+        )
     }
 
     pub(crate) fn has_second_class(self) -> bool {
         matches!(
             self,
-            Workload::HeadOfLine | Workload::Transfers | Workload::Batches
+            Workload::HeadOfLine | Workload::Transfers | Workload::Batches | Workload::Begins
         )
     }
 
@@ -86,6 +94,7 @@ impl Workload {
             Workload::Functions => "functions",
             Workload::Transfers => "transfers",
             Workload::Batches => "batches",
+            Workload::Begins => "begins",
             Workload::Reads => "reads",
         }
     }
@@ -102,7 +111,9 @@ impl Workload {
             Workload::HeadOfLine => vec![ECHO.into(), SLOW.into()],
             Workload::Writes => vec![insert_sql(table)],
             Workload::Functions => vec![ECHO.into(), function_sql(table)],
-            Workload::Transfers | Workload::Batches => vec![ECHO.into(), transfer_sql(table)],
+            Workload::Transfers | Workload::Batches | Workload::Begins => {
+                vec![ECHO.into(), transfer_sql(table)]
+            }
         }
     }
 
@@ -204,7 +215,7 @@ async fn request(
             };
             answer.mismatches = check(target.query(&sql, &[&value]).await?, value);
         }
-        Workload::Transfers | Workload::Batches => {
+        Workload::Transfers | Workload::Batches | Workload::Begins => {
             // Every tenth task runs only transactions, the others only
             // reads: were each task to mix them, every task would soon wait
             // on a transaction and the reads would measure the
@@ -214,8 +225,12 @@ async fn request(
             if answer.slow {
                 let a = (value.unsigned_abs() % 999 + 1) as i64;
                 let b = a + 1;
-                let atomic = workload == Workload::Batches;
-                target.transfer(&transfer_sql(table), a, b, atomic).await?;
+                let via = match workload {
+                    Workload::Batches => TxVia::AtomicBatch,
+                    Workload::Begins => TxVia::Begin,
+                    _ => TxVia::Get,
+                };
+                target.transfer(&transfer_sql(table), a, b, via).await?;
             } else {
                 answer.mismatches = check(target.query(ECHO, &[&value]).await?, value);
             }
