@@ -223,9 +223,9 @@ async fn transfer(
     State(state): State<AppState>,
     Json(t): Json<Transfer>,
 ) -> Result<StatusCode, AppError> {
-    // A transaction needs a connection of its own.
-    let mut conn = state.pool.get().await?;
-    let tx = conn.transaction().await?;
+    // A transaction needs a connection of its own; `begin()` takes one for
+    // just as long as the transaction lasts.
+    let tx = state.pool.begin().await?;
     if !move_money(&tx, &state.tables, &t).await? {
         return Err(AppError::Refused); // dropping `tx` rolls it back
     }
