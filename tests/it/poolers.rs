@@ -445,6 +445,42 @@ async fn session_state_and_named_statements_are_refused_on_exclusive_connections
     tx.commit().await.unwrap();
 }
 
+/// `pool.begin()` through a transaction pooler: a transaction like any
+/// other, and no session reset behind its `COMMIT` (there is no session of
+/// its own; a reset would land on whichever server the pooler linked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn begin_through_a_transaction_pooler_sends_no_session_reset() {
+    let Some(bouncer) = pgbouncer("transaction") else {
+        return;
+    };
+    let pool = pool(&bouncer.url(), Pooler::pgbouncer_transaction((1, 18), 0));
+    let admin = pgpipe_test_support::admin().await;
+    let mut servers = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let tx = pool.begin().await.unwrap();
+        let server: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        servers.insert(server);
+        tx.commit().await.unwrap();
+    }
+    // Each server's last statement (nothing else uses this PgBouncer): a
+    // reset behind a COMMIT would be the last one a server ran.
+    for server in servers {
+        let last: String = admin
+            .query_one(
+                "SELECT query FROM pg_stat_activity WHERE pid = $1",
+                &[&server],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(!last.contains("RESET ALL"), "server {server} ran {last:?}");
+    }
+}
+
 #[test]
 fn settings_that_cannot_work_through_a_transaction_pooler_are_refused_at_build() {
     let transaction = Pooler::pgbouncer_transaction((1, 18), 0);

@@ -18,6 +18,9 @@
 //!   connection counts as clean only when that reset succeeded; otherwise
 //!   the next checkout resets it as usual.
 //!
+//! Behind a transaction pooler there is no session to reset (the pool
+//! never resets there): `begin()` sends `BEGIN`, `commit()` just `COMMIT`.
+//!
 //! A transaction dropped unfinished rolls back, as in tokio-postgres.
 
 use std::fmt;
@@ -144,6 +147,12 @@ impl OwnedTransaction {
         self.ended = true;
         let pg = self.conn.pg_conn();
         let failed = |e| Error::from_query(e, pg.client.is_closed());
+        if pg.state.behind_transaction_pooler() {
+            // No session of its own to reset: after the transaction, the
+            // next statement may run on any server (and some poolers take
+            // one request at a time).
+            return pg.client.batch_execute(end).await.map_err(failed);
+        }
         let [ended, reset] = in_order(
             async { pg.client.batch_execute(end).await.map_err(failed) },
             pg.reset_session_after_end(),
