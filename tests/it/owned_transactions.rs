@@ -340,3 +340,46 @@ async fn a_session_that_cannot_be_reset_is_never_handed_out() {
     tx.commit().await.unwrap();
     drop_table(&table).await;
 }
+
+/// After a statement's error the server answers `COMMIT` with a rollback
+/// and no error; pgpipe's commit says so instead of reporting success, on
+/// `get()`'s transactions and savepoints as on `begin()`'s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_rolled_back_is_an_error() {
+    let table = scratch_table("aborted", "id int8 PRIMARY KEY").await;
+    let pool = builder(&app("aborted_commit"))
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} VALUES ($1)");
+    pool.execute(&insert, &[&0i64]).await.unwrap();
+    let mut conn = pool.get().await.unwrap();
+    // A top-level transaction.
+    let tx = conn.transaction().await.unwrap();
+    tx.execute(&insert, &[&1i64]).await.unwrap();
+    tx.execute(&insert, &[&0i64]).await.unwrap_err(); // duplicate key
+    let error = tx.commit().await.expect_err("nothing was committed");
+    assert_eq!(error.kind(), pgpipe::ErrorKind::Db, "{error}");
+    assert!(error.to_string().contains("rolled back"), "{error}");
+    // A savepoint: its failure rolls back to it; the outer transaction
+    // goes on and commits what it did.
+    let mut tx = conn.transaction().await.unwrap();
+    tx.execute(&insert, &[&2i64]).await.unwrap();
+    let inner = tx.savepoint("sp1").await.unwrap();
+    inner.execute(&insert, &[&3i64]).await.unwrap();
+    inner.execute(&insert, &[&0i64]).await.unwrap_err();
+    let error = inner.commit().await.expect_err("the savepoint failed");
+    assert_eq!(error.kind(), pgpipe::ErrorKind::Db, "{error}");
+    tx.commit().await.unwrap();
+    drop(conn);
+    let ids: Vec<i64> = pool
+        .query(&format!("SELECT id FROM {table} ORDER BY id"), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(ids, [0, 2], "only the outer transaction's own row stayed");
+    drop_table(&table).await;
+}

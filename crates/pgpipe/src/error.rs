@@ -260,6 +260,16 @@ impl Error {
         Error::new(ErrorKind::Config, message)
     }
 
+    /// A commit refused because an earlier statement's error aborted the
+    /// transaction: it was rolled back instead.
+    pub(crate) fn aborted_commit() -> Error {
+        Error::new(
+            ErrorKind::Db,
+            "the transaction was aborted by an earlier statement's error and was rolled \
+             back; nothing was committed",
+        )
+    }
+
     pub(crate) fn closed() -> Error {
         Error::new(ErrorKind::Closed, "the pool is closed")
     }

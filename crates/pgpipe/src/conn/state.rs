@@ -305,6 +305,14 @@ impl ConnState {
         CloseReason::from_u8(self.close_reason.load(Ordering::Acquire).checked_sub(1)?)
     }
 
+    /// Whether the session is in a transaction an error aborted, as far as
+    /// the last answer shows: known only when no answer is still owed (a
+    /// dropped query's may be). `COMMIT` there rolls back, and the server
+    /// says so only with its tag.
+    pub(crate) fn transaction_failed(&self) -> bool {
+        self.wire_depth() == 0 && self.tx_status.load(Ordering::Acquire) == b'E'
+    }
+
     /// Queries written and not yet answered (requests minus ReadyForQuery).
     pub(crate) fn wire_depth(&self) -> u64 {
         let readies = self.readies.load(Ordering::Acquire);

@@ -35,7 +35,7 @@ use tokio_postgres::{Client, Statement};
 use super::Connection;
 use crate::answer::{Answer, Op};
 use crate::conn::run;
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use crate::metrics::CloseReason;
 use crate::ordered::join_in_order;
 
@@ -117,17 +117,9 @@ impl OwnedTransaction {
     /// error. Then this rolls back and says so, with
     /// [`ErrorKind::Db`](crate::ErrorKind::Db).
     pub async fn commit(mut self) -> Result<(), Error> {
-        let state = &self.conn.pg_conn().state;
-        // The last answer's transaction status is current only when no
-        // answer is still owed (a dropped query's may be).
-        let failed = state.wire_depth() == 0 && state.tx_status.load(Ordering::Acquire) == b'E';
-        if failed {
+        if self.conn.pg_conn().state.transaction_failed() {
             self.end("ROLLBACK").await?;
-            return Err(Error::new(
-                ErrorKind::Db,
-                "the transaction was aborted by an earlier statement's error and was \
-                 rolled back; nothing was committed",
-            ));
+            return Err(Error::aborted_commit());
         }
         self.end("COMMIT").await
     }

@@ -73,7 +73,16 @@ impl<'a> Transaction<'a> {
     /// commit (a serialization failure, a deferred constraint): nothing was
     /// committed. [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost)
     /// when the connection broke: whether it committed is unknown.
+    ///
+    /// A transaction (or savepoint) that an earlier statement's error
+    /// aborted cannot commit: the server would answer `COMMIT` with a
+    /// rollback and no error. Then this rolls it back and says so, with
+    /// [`ErrorKind::Db`](crate::ErrorKind::Db).
     pub async fn commit(self) -> Result<(), Error> {
+        if self.parts.state.transaction_failed() {
+            self.inner.rollback().await?;
+            return Err(Error::aborted_commit());
+        }
         self.inner.commit().await.map_err(Error::from)
     }
 
