@@ -383,3 +383,29 @@ async fn a_commit_that_rolled_back_is_an_error() {
     assert_eq!(ids, [0, 2], "only the outer transaction's own row stayed");
     drop_table(&table).await;
 }
+
+/// The server flushes a statement's error before the ReadyForQuery behind
+/// it, and tokio-postgres hands the error over at once: a commit right
+/// after must still know the transaction failed. Through a proxy the two
+/// may come in separate reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_right_after_an_error_knows_the_transaction_failed() {
+    let proxy = proxy(Duration::from_micros(300));
+    let table = scratch_table("aborted_race", "id int8 PRIMARY KEY").await;
+    let pool = builder_via(&proxy, &app("aborted_race"))
+        .max_size(2)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let insert = format!("INSERT INTO {table} VALUES ($1)");
+    pool.execute(&insert, &[&0i64]).await.unwrap();
+    for i in 1..=40i64 {
+        let tx = pool.begin().await.unwrap();
+        tx.execute(&insert, &[&i]).await.unwrap();
+        tx.execute(&insert, &[&0i64]).await.unwrap_err();
+        let error = tx.commit().await.expect_err("nothing was committed");
+        assert_eq!(error.kind(), pgpipe::ErrorKind::Db, "{error}");
+    }
+    assert_eq!(count_rows(&pool, &table).await, 1);
+    drop_table(&table).await;
+}

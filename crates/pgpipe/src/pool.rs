@@ -379,8 +379,13 @@ impl Pool {
     ///
     /// # Errors
     ///
-    /// As [`get`](Pool::get), and [`ErrorKind::ConnectionLost`] when the
-    /// connection broke before the transaction began.
+    /// As [`get`](Pool::get). A connection lost, or a session that could
+    /// not be reset, before the transaction began is closed and another is
+    /// tried, three in all; past that the error (`ConnectionLost` or the
+    /// reset's own) says nothing ran (`may_have_run()` is false). The
+    /// transaction runs where [`get`](Pool::get) would check out.
+    ///
+    /// [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
     pub async fn begin(&self) -> Result<OwnedTransaction, Error> {
         let target = self.hosts.settings.default_target;
         let mut attempts = 0;
@@ -388,10 +393,12 @@ impl Pool {
             let conn = self.get_as(target, Holder::Begin).await?;
             match OwnedTransaction::begin(conn).await {
                 Ok(tx) => return Ok(tx),
-                Err(NotBegun::Failed(error)) => return Err(error),
+                Err(NotBegun::Failed(error)) if error.kind() != ErrorKind::ConnectionLost => {
+                    return Err(error);
+                }
                 // That connection is closed: another one, as a checkout
                 // whose reset failed would take.
-                Err(NotBegun::ResetFailed(error)) => {
+                Err(NotBegun::ResetFailed(error) | NotBegun::Failed(error)) => {
                     attempts += 1;
                     if attempts >= BEGIN_ATTEMPTS {
                         return Err(error);

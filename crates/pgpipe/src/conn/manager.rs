@@ -45,7 +45,7 @@ tokio::task_local! {
 
 /// How long a checkout waits for a returned connection to finish what its
 /// last user left behind before giving up on it.
-const RECYCLE_PATIENCE: Duration = Duration::from_secs(1);
+pub(crate) const RECYCLE_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A lifetime shortened by up to a tenth, at random, so that connections
 /// opened together do not all expire together.

@@ -2,7 +2,7 @@
 //! and the pool: the load word that admission works on, and what the tap
 //! has seen on the wire.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::task::AbortHandle;
@@ -166,8 +166,10 @@ pub(crate) struct ConnState {
     /// Behind a pooler that cannot track a pipeline (see `wire_idle`).
     one_at_a_time: bool,
     /// Woken at every ReadyForQuery and when the connection dies, when
-    /// `one_at_a_time`.
+    /// `one_at_a_time` or while a task waits in `settled`.
     ready: tokio::sync::Notify,
+    /// Tasks waiting in `settled`.
+    settling: AtomicUsize,
     /// The order in which requests join its pipeline (see `conn::turn`).
     pub(crate) turns: super::turn::Turns,
 }
@@ -228,9 +230,31 @@ impl ConnState {
     /// Waits until the wire is idle, when [`one_at_a_time`](ConnState::one_at_a_time);
     /// else returns at once.
     pub(crate) async fn wire_idle(&self) {
-        if !self.one_at_a_time {
-            return;
+        if self.one_at_a_time {
+            self.until_answered().await;
         }
+    }
+
+    /// Waits until every request written has its answer (or the connection
+    /// died), so that what the last answer showed (`tx_status`) is current.
+    /// tokio-postgres hands a query its error as soon as it reads it, which
+    /// may be before the ReadyForQuery behind it.
+    pub(crate) async fn settled(&self) {
+        struct Settling<'a>(&'a AtomicUsize);
+        impl Drop for Settling<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.settling.fetch_add(1, Ordering::SeqCst);
+        let _settling = Settling(&self.settling);
+        // Paired with the fence in `wake`: either the tap sees this waiter,
+        // or this waiter sees the tap's count.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.until_answered().await;
+    }
+
+    async fn until_answered(&self) {
         loop {
             let notified = self.ready.notified();
             let mut notified = std::pin::pin!(notified);
@@ -242,10 +266,16 @@ impl ConnState {
         }
     }
 
-    /// Wakes what waits in [`wire_idle`](ConnState::wire_idle): a
-    /// ReadyForQuery arrived, or the connection died.
+    /// Wakes what waits in [`wire_idle`](ConnState::wire_idle) and
+    /// [`settled`](ConnState::settled): a ReadyForQuery arrived, or the
+    /// connection died.
     pub(crate) fn wake(&self) {
         if self.one_at_a_time {
+            self.ready.notify_waiters();
+            return;
+        }
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.settling.load(Ordering::SeqCst) > 0 {
             self.ready.notify_waiters();
         }
     }
@@ -305,12 +335,12 @@ impl ConnState {
         CloseReason::from_u8(self.close_reason.load(Ordering::Acquire).checked_sub(1)?)
     }
 
-    /// Whether the session is in a transaction an error aborted, as far as
-    /// the last answer shows: known only when no answer is still owed (a
-    /// dropped query's may be). `COMMIT` there rolls back, and the server
-    /// says so only with its tag.
-    pub(crate) fn transaction_failed(&self) -> bool {
-        self.wire_depth() == 0 && self.tx_status.load(Ordering::Acquire) == b'E'
+    /// Whether the session is in a transaction an error aborted, once every
+    /// answer owed is in (see [`settled`](ConnState::settled)). `COMMIT`
+    /// there rolls back, and the server says so only with its tag.
+    pub(crate) async fn transaction_failed(&self) -> bool {
+        self.settled().await;
+        self.tx_status.load(Ordering::Acquire) == b'E'
     }
 
     /// Queries written and not yet answered (requests minus ReadyForQuery).

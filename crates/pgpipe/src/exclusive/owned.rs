@@ -34,8 +34,9 @@ use tokio_postgres::{Client, Statement};
 
 use super::Connection;
 use crate::answer::{Answer, Op};
+use crate::conn::manager::RECYCLE_PATIENCE;
 use crate::conn::run;
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::metrics::CloseReason;
 use crate::ordered::join_in_order;
 
@@ -80,18 +81,34 @@ impl OwnedTransaction {
     pub(crate) async fn begin(mut conn: Connection) -> Result<OwnedTransaction, NotBegun> {
         let owed = conn.take_reset_owed();
         let pg = conn.pg_conn();
-        let failed = |e| Error::from_query(e, pg.client.is_closed());
+        // Nothing of the caller's has been sent: whatever fails here may be
+        // tried again on another connection.
+        let failed = |e| Error::from_query(e, pg.client.is_closed()).unsent();
         let begun = if owed {
-            let [reset, begun] = in_order(pg.reset_session(), async {
+            let both = in_order(pg.reset_session(), async {
                 pg.client.batch_execute("BEGIN").await.map_err(failed)
-            })
-            .await;
-            if let Err(error) = reset {
-                // Its `BEGIN` ran on a session that still holds the last
-                // user's state: nobody may have it.
-                pg.state.kill(CloseReason::ResetFailed);
-                return Err(NotBegun::ResetFailed(error));
-            }
+            });
+            // As patient as a checkout's own reset (`recycle`).
+            let reset = match tokio::time::timeout(RECYCLE_PATIENCE, both).await {
+                Ok([Ok(()), begun]) => Ok(begun),
+                Ok([Err(error), _]) => Err(error.echo(
+                    error.kind(),
+                    "the session reset before BEGIN failed (the connection was closed)",
+                )),
+                Err(_) => Err(Error::new(
+                    ErrorKind::ConnectionLost,
+                    "the session reset before BEGIN did not finish (the connection was closed)",
+                )),
+            };
+            let begun = match reset {
+                Ok(begun) => begun,
+                Err(error) => {
+                    // Its `BEGIN` may have run on a session that still holds
+                    // the last user's state: nobody may have it.
+                    pg.state.kill(CloseReason::ResetFailed);
+                    return Err(NotBegun::ResetFailed(error.unsent()));
+                }
+            };
             // The reset marked the session clean; from here it is this
             // user's, and is reset again after them.
             pg.state.needs_reset.store(true, Ordering::Release);
@@ -117,8 +134,10 @@ impl OwnedTransaction {
     /// error. Then this rolls back and says so, with
     /// [`ErrorKind::Db`](crate::ErrorKind::Db).
     pub async fn commit(mut self) -> Result<(), Error> {
-        if self.conn.pg_conn().state.transaction_failed() {
-            self.end("ROLLBACK").await?;
+        if self.conn.pg_conn().state.transaction_failed().await {
+            // Nothing was committed whatever becomes of the ROLLBACK: the
+            // server would roll back a lost connection's transaction too.
+            let _ = self.end("ROLLBACK").await;
             return Err(Error::aborted_commit());
         }
         self.end("COMMIT").await
@@ -173,9 +192,10 @@ impl OwnedTransaction {
     }
 
     /// The tokio-postgres client, inside this transaction: for its own
-    /// methods (`copy_in`, a prepared `Statement`). Leave the transaction
+    /// methods (a prepared `Statement`, `query_raw`). Leave the transaction
     /// to [`commit`](OwnedTransaction::commit) and
-    /// [`rollback`](OwnedTransaction::rollback).
+    /// [`rollback`](OwnedTransaction::rollback), and finish whatever you
+    /// start on it before them (`COPY` belongs on [`Pool::get`](crate::Pool::get)).
     pub fn client(&self) -> &Client {
         self.conn.client()
     }

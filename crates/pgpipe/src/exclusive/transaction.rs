@@ -79,7 +79,7 @@ impl<'a> Transaction<'a> {
     /// rollback and no error. Then this rolls it back and says so, with
     /// [`ErrorKind::Db`](crate::ErrorKind::Db).
     pub async fn commit(self) -> Result<(), Error> {
-        if self.parts.state.transaction_failed() {
+        if self.parts.state.transaction_failed().await {
             self.inner.rollback().await?;
             return Err(Error::aborted_commit());
         }
