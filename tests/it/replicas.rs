@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pgpipe::{Consistency, ErrorKind, Pool, PoolBuilder, ReplicaFallback, TargetSessionAttrs};
+use pgpipe::{
+    Consistency, ErrorKind, Executor, Pool, PoolBuilder, ReplicaFallback, TargetSessionAttrs,
+};
 use pgpipe_test_support::{ReplicaSet, ReplicaSetBuilder, connect, unique};
 use prometheus::Registry;
 
@@ -153,6 +155,17 @@ async fn get_with_reaches_each_target_and_reads_fall_back_or_fail_without_standb
         let (port, read_only) = reached(target).await;
         assert!(standbys.contains(&port), "{target}: {port}");
         assert!(read_only, "{target}");
+    }
+    // A transaction of its own lands where get_with would check out.
+    for (target, on_standby) in [(T::Standby, true), (T::Primary, false)] {
+        let tx = pool.begin_with(target).await.unwrap();
+        let row = tx
+            .query_one("SELECT inet_server_port()", &[])
+            .await
+            .unwrap();
+        let port = u16::try_from(row.get::<_, i32>(0)).unwrap();
+        assert_eq!(standbys.contains(&port), on_standby, "{target}: {port}");
+        tx.commit().await.unwrap();
     }
     // Both standbys stop: roles are re-checked, reads fall back.
     for standby in &set.standbys {

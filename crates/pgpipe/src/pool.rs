@@ -383,11 +383,34 @@ impl Pool {
     /// not be reset, before the transaction began is closed and another is
     /// tried, three in all; past that the error (`ConnectionLost` or the
     /// reset's own) says nothing ran (`may_have_run()` is false). The
-    /// transaction runs where [`get`](Pool::get) would check out.
+    /// transaction runs where [`get`](Pool::get) would check out; see
+    /// [`begin_with`](Pool::begin_with) for another kind of host.
     ///
     /// [`ErrorKind::ConnectionLost`]: crate::ErrorKind::ConnectionLost
     pub async fn begin(&self) -> Result<OwnedTransaction, Error> {
-        let target = self.hosts.settings.default_target;
+        self.begin_with(self.hosts.settings.default_target).await
+    }
+
+    /// Begins a transaction as [`begin`](Pool::begin) does, on a host of
+    /// the kind `target` names, as [`get_with`](Pool::get_with) checks out.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// use pgpipe::{Executor, TargetSessionAttrs};
+    /// // A consistent snapshot for several reads, on a standby if one is up.
+    /// let tx = pool.begin_with(TargetSessionAttrs::PreferStandby).await?;
+    /// tx.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ", &[]).await?;
+    /// let orders = tx.query("SELECT * FROM orders", &[]).await?;
+    /// let lines = tx.query("SELECT * FROM order_lines", &[]).await?;
+    /// tx.commit().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`begin`](Pool::begin) and [`get_with`](Pool::get_with).
+    pub async fn begin_with(&self, target: TargetSessionAttrs) -> Result<OwnedTransaction, Error> {
         let mut attempts = 0;
         loop {
             let conn = self.get_as(target, Holder::Begin).await?;
