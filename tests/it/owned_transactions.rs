@@ -409,3 +409,52 @@ async fn a_commit_right_after_an_error_knows_the_transaction_failed() {
     assert_eq!(count_rows(&pool, &table).await, 1);
     drop_table(&table).await;
 }
+
+/// A connection whose reset fails is closed and `begin()` goes on with
+/// another: the caller sees a transaction, never the failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn begin_takes_another_connection_when_a_reset_fails() {
+    let poison = scratch_table("poison", "pid int4").await;
+    // The reset runs `after_connect` again: it fails on the backends listed.
+    let pool = builder(&app("owned_retry"))
+        .max_size(2)
+        .max_exclusive(2)
+        .after_connect(format!(
+            "SELECT 1 / (1 - (SELECT count(*) FROM {poison} WHERE pid = pg_backend_pid()))"
+        ))
+        .build()
+        .unwrap();
+    let conn = pool.get().await.unwrap();
+    let poisoned: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    conn.execute(&format!("INSERT INTO {poison} VALUES ($1)"), &[&poisoned])
+        .await
+        .unwrap();
+    drop(conn); // owes a reset, which will fail
+    let tx = pool.begin().await.expect("another connection");
+    let pid: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(
+        pid, poisoned,
+        "the connection whose reset failed was handed out"
+    );
+    tx.commit().await.unwrap();
+    let admin = admin().await;
+    let alive: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = $1",
+            &[&poisoned],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(alive, 0, "the connection whose reset failed was closed");
+    drop(pool);
+    drop_table(&poison).await;
+}
