@@ -240,6 +240,10 @@ impl ConnState {
     /// tokio-postgres hands a query its error as soon as it reads it, which
     /// may be before the ReadyForQuery behind it.
     pub(crate) async fn settled(&self) {
+        // Nothing owed: what the last answer showed is current.
+        if self.wire_depth() == 0 {
+            return;
+        }
         struct Settling<'a>(&'a AtomicUsize);
         impl Drop for Settling<'_> {
             fn drop(&mut self) {

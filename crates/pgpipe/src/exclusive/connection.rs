@@ -170,11 +170,17 @@ impl Connection {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> Result<Answer, Error> {
-        let target = run::Target {
+        self.run_on(self.transaction_target(), sql, params, op)
+            .await
+    }
+
+    /// The connection as a place to run queries inside a transaction its
+    /// caller began: a cached plan the server refused is not retried.
+    pub(crate) fn transaction_target(&self) -> run::Target<'_> {
+        run::Target {
             heal: false,
             ..self.object.target()
-        };
-        self.run_on(target, sql, params, op).await
+        }
     }
 
     async fn run_on(

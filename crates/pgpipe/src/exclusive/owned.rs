@@ -89,30 +89,31 @@ impl OwnedTransaction {
                 pg.client.batch_execute("BEGIN").await.map_err(failed)
             });
             // As patient as a checkout's own reset (`recycle`).
-            let reset = match tokio::time::timeout(RECYCLE_PATIENCE, both).await {
-                Ok([Ok(()), begun]) => Ok(begun),
-                Ok([Err(error), _]) => Err(error.echo(
-                    error.kind(),
-                    "the session reset before BEGIN failed (the connection was closed)",
-                )),
-                Err(_) => Err(Error::new(
-                    ErrorKind::ConnectionLost,
-                    "the session reset before BEGIN did not finish (the connection was closed)",
-                )),
-            };
-            let begun = match reset {
-                Ok(begun) => begun,
-                Err(error) => {
+            match tokio::time::timeout(RECYCLE_PATIENCE, both).await {
+                Ok([Ok(()), begun]) => {
+                    // The reset marked the session clean; from here it is
+                    // this user's, and is reset again after them.
+                    pg.state.needs_reset.store(true, Ordering::Release);
+                    begun
+                }
+                failed_reset => {
+                    let error = match failed_reset {
+                        Ok([Err(error), _]) => error.echo(
+                            error.kind(),
+                            "the session reset before BEGIN failed (the connection was closed)",
+                        ),
+                        _ => Error::new(
+                            ErrorKind::ConnectionLost,
+                            "the session reset before BEGIN did not finish (the connection was \
+                             closed)",
+                        ),
+                    };
                     // Its `BEGIN` may have run on a session that still holds
                     // the last user's state: nobody may have it.
                     pg.state.kill(CloseReason::ResetFailed);
                     return Err(NotBegun::ResetFailed(error.unsent()));
                 }
-            };
-            // The reset marked the session clean; from here it is this
-            // user's, and is reset again after them.
-            pg.state.needs_reset.store(true, Ordering::Release);
-            begun
+            }
         } else {
             pg.client.batch_execute("BEGIN").await.map_err(failed)
         };
@@ -184,11 +185,7 @@ impl OwnedTransaction {
     /// [`ErrorKind::Db`](crate::ErrorKind::Db) when the server rejects the
     /// SQL (which also aborts the transaction).
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
-        let target = run::Target {
-            heal: false,
-            ..self.conn.pg_conn().target()
-        };
-        run::named_statement(target, sql).await
+        run::named_statement(self.conn.transaction_target(), sql).await
     }
 
     /// The tokio-postgres client, inside this transaction: for its own
@@ -218,9 +215,8 @@ async fn in_order<'a>(
 ) -> [Result<(), Error>; 2] {
     type Request<'a> = Pin<Box<dyn Future<Output = Result<(), Error>> + Send + 'a>>;
     let requests: Vec<Request<'a>> = vec![Box::pin(first), Box::pin(second)];
-    let mut answers = join_in_order(requests).await.into_iter();
-    let mut next = || answers.next().unwrap_or_else(|| Err(Error::closed()));
-    [next(), next()]
+    let answers: Result<[_; 2], _> = join_in_order(requests).await.try_into();
+    answers.unwrap_or_else(|_| unreachable!("join_in_order answers every future"))
 }
 
 impl Drop for OwnedTransaction {
