@@ -100,9 +100,32 @@ async fn batch_sizes_and_round_trips_saved_agree_with_the_proxy() {
     );
 }
 
+/// Up to three tries of a comparison with wall-clock time: a moment of
+/// load from elsewhere on a 2-core machine (a build, another test's server
+/// work) stretches one run's time without any fault of the code; a fault
+/// fails all three.
+async fn within_three_tries<F, Fut>(mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        match attempt().await {
+            Ok(()) => return,
+            Err(why) => failures.push(why),
+        }
+    }
+    panic!("three tries failed: {failures:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_saved_agrees_with_the_measured_difference() {
     let _alone = ALONE.lock().await;
+    within_three_tries(latency_saved_once).await;
+}
+
+async fn latency_saved_once() -> Result<(), String> {
     let proxy = proxy(Duration::from_micros(500));
     let (tasks, per_task) = (16, 40);
     let mut elapsed = Vec::new();
@@ -135,15 +158,20 @@ async fn latency_saved_agrees_with_the_measured_difference() {
         "off {:.3} s, on {:.3} s: saved {measured:.3} s measured, {estimate:.3} s estimated",
         elapsed[0], elapsed[1]
     );
-    assert!(
-        (estimate - measured).abs() <= 0.25 * measured,
-        "estimated {estimate} vs measured {measured}"
-    );
+    if (estimate - measured).abs() <= 0.25 * measured {
+        Ok(())
+    } else {
+        Err(format!("estimated {estimate} vs measured {measured}"))
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_is_calibrated() {
     let _alone = ALONE.lock().await;
+    within_three_tries(calibrated_once).await;
+}
+
+async fn calibrated_once() -> Result<(), String> {
     // At 500 µs each way, one `SELECT 1` on a plain client takes at least
     // the 1 ms round trip, and not twice as long.
     let proxy = proxy(Duration::from_micros(500));
@@ -166,13 +194,15 @@ async fn the_proxy_is_calibrated() {
         "SELECT 1 through the proxy: p50 {p50:?}, min {:?}",
         samples[0]
     );
-    assert!(
-        p50 >= Duration::from_millis(1) && p50 < Duration::from_millis(2),
-        "p50 {p50:?}"
-    );
+    // Never faster than the delay, in any try.
     assert!(
         samples[0] >= Duration::from_millis(1),
         "min {:?}",
         samples[0]
     );
+    if p50 >= Duration::from_millis(1) && p50 < Duration::from_millis(2) {
+        Ok(())
+    } else {
+        Err(format!("p50 {p50:?}"))
+    }
 }

@@ -23,6 +23,12 @@ pub(crate) struct MessageCounter {
     lost: bool,
     /// Messages of the second type seen so far.
     seconds: u64,
+    /// Upstream: a request group has begun and its Sync (or Query) has not
+    /// come yet.
+    in_group: bool,
+    /// Upstream: groups that began while an earlier group's answer was
+    /// still owed.
+    early_groups: u64,
 }
 
 const SSL_REQUEST: u32 = 80_877_103;
@@ -50,7 +56,15 @@ impl MessageCounter {
             body_left: 0,
             current: 0,
             lost: false,
+            in_group: false,
+            early_groups: 0,
         }
+    }
+
+    /// Upstream groups that began before every answer owed on the
+    /// connection was delivered (see [`feed_owing`](Self::feed_owing)).
+    pub(crate) fn early_groups(&self) -> u64 {
+        self.early_groups
     }
 
     /// Messages of the second type (Parse upstream) seen so far.
@@ -59,7 +73,18 @@ impl MessageCounter {
     }
 
     /// Feeds a chunk; returns how many counted messages ended in it.
-    pub(crate) fn feed(&mut self, mut bytes: &[u8]) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> u64 {
+        self.feed_owing(bytes, 0)
+    }
+
+    /// Feeds an upstream chunk, where `owed` answers were still owed to the
+    /// client before it (requests read minus ReadyForQuery delivered):
+    /// a group that begins while any is owed, counting the requests earlier
+    /// in this chunk, is an early group. CopyData, CopyDone, CopyFail,
+    /// Terminate and password messages continue what is in flight and
+    /// begin nothing.
+    pub(crate) fn feed_owing(&mut self, mut bytes: &[u8], owed: i64) -> u64 {
         let mut counted = 0;
         while !bytes.is_empty() && !self.lost {
             if self.body_left > 0 {
@@ -112,6 +137,19 @@ impl MessageCounter {
                     continue;
                 }
                 self.current = self.header[0];
+                if self.second.is_some()
+                    && !self.in_group
+                    && !matches!(self.current, b'd' | b'c' | b'f' | b'X' | b'p')
+                {
+                    self.in_group = true;
+                    if owed + counted as i64 > 0 {
+                        self.early_groups += 1;
+                    }
+                }
+                if self.second.is_some() && self.kinds.contains(&self.current) {
+                    // Its Sync (or Query) is the group's last message.
+                    self.in_group = false;
+                }
                 if Some(self.current) == self.second {
                     self.seconds += 1;
                 }
@@ -139,6 +177,31 @@ mod tests {
             let n = counter.feed(&bytes[..split]) + counter.feed(&bytes[split..]);
             assert_eq!(n, 2, "split at {split}");
         }
+    }
+
+    #[test]
+    fn a_group_begun_while_an_answer_is_owed_is_early() {
+        let mut startup = vec![0, 0, 0, 9, 0, 3, 0, 0, 7];
+        let group = [b'P', 0, 0, 0, 6, 1, 2, b'S', 0, 0, 0, 4];
+        let mut counter = MessageCounter::upstream();
+        counter.feed_owing(&startup, 1);
+        counter.feed_owing(&group, 0);
+        assert_eq!(counter.early_groups(), 0, "nothing owed");
+        // Two groups in one chunk: the second begins while the first's
+        // answer is owed.
+        startup.clear();
+        startup.extend_from_slice(&group);
+        startup.extend_from_slice(&group);
+        counter.feed_owing(&startup, 0);
+        assert_eq!(counter.early_groups(), 1);
+        // Split inside a group: one group, begun with nothing owed.
+        counter.feed_owing(&group[..6], 0);
+        counter.feed_owing(&group[6..], 0);
+        assert_eq!(counter.early_groups(), 1);
+        // Begun while an answer is owed.
+        counter.feed_owing(&group[..3], 1);
+        counter.feed_owing(&group[3..], 1);
+        assert_eq!(counter.early_groups(), 2);
     }
 
     #[test]

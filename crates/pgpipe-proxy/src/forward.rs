@@ -30,6 +30,9 @@ pub(crate) struct Control {
     downstream: DirectionCounters,
     connections: AtomicU64,
     busy_periods: AtomicU64,
+    early_groups: AtomicU64,
+    /// Upstream chunks are written in pieces split at random offsets.
+    split: AtomicBool,
     pub(crate) realtime: AtomicBool,
     pub(crate) thread_id: AtomicU64,
     /// Where new connections go; [`Proxy::set_upstream`](crate::Proxy::set_upstream)
@@ -50,6 +53,8 @@ impl Control {
             downstream: DirectionCounters::default(),
             connections: AtomicU64::new(0),
             busy_periods: AtomicU64::new(0),
+            early_groups: AtomicU64::new(0),
+            split: AtomicBool::new(false),
             realtime: AtomicBool::new(false),
             thread_id: AtomicU64::new(0),
         }
@@ -75,6 +80,10 @@ impl Control {
             .store(crate::current_thread_id(), Ordering::Release);
         let got = realtime && crate::go_realtime();
         self.realtime.store(got, Ordering::Release);
+    }
+
+    pub(crate) fn set_split(&self, on: bool) {
+        self.split.store(on, Ordering::Release);
     }
 
     pub(crate) fn set_delay(&self, delay: Duration) {
@@ -108,6 +117,7 @@ impl Control {
             downstream: self.downstream.snapshot(),
             connections: self.connections.load(Ordering::Relaxed),
             busy_periods: self.busy_periods.load(Ordering::Relaxed),
+            early_groups: self.early_groups.load(Ordering::Relaxed),
         }
     }
 
@@ -195,22 +205,18 @@ async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Contro
     // from the client minus ReadyForQuery read from the server. Start-up
     // counts as one (it ends with a ReadyForQuery but has no Sync).
     let owed = AtomicI64::new(1);
-    let up = pipe(
-        client_read,
-        server_write,
-        Direction::Upstream,
-        &control,
-        &reset,
-        &owed,
-    );
-    let down = pipe(
-        server_read,
-        client_write,
-        Direction::Downstream,
-        &control,
-        &reset,
-        &owed,
-    );
+    // Start-up is over (a ReadyForQuery was delivered): from then on
+    // upstream writes may be split. PgBouncer refuses a start-up packet that
+    // arrives in parts.
+    let started = AtomicBool::new(false);
+    let shared = Shared {
+        control: &control,
+        reset: &reset,
+        owed: &owed,
+        started: &started,
+    };
+    let up = pipe(client_read, server_write, Direction::Upstream, shared);
+    let down = pipe(server_read, client_write, Direction::Downstream, shared);
     tokio::select! {
         _ = async { tokio::join!(up, down) } => {}
         _ = cuts.changed() => {}
@@ -219,14 +225,27 @@ async fn connection(client: TcpStream, upstream: SocketAddr, control: Arc<Contro
     // Dropping the halves closes both sockets.
 }
 
+/// What both directions of one connection share.
+#[derive(Clone, Copy)]
+struct Shared<'a> {
+    control: &'a Control,
+    reset: &'a Notify,
+    owed: &'a AtomicI64,
+    started: &'a AtomicBool,
+}
+
 async fn pipe(
     mut reader: OwnedReadHalf,
     mut writer: OwnedWriteHalf,
     direction: Direction,
-    control: &Control,
-    reset: &Notify,
-    owed: &AtomicI64,
+    shared: Shared<'_>,
 ) {
+    let Shared {
+        control,
+        reset,
+        owed,
+        started,
+    } = shared;
     // Each chunk travels with when it was read and how many counted
     // messages it carries.
     let (chunks, mut queued) = mpsc::unbounded_channel::<(Instant, Vec<u8>, i64)>();
@@ -248,7 +267,13 @@ async fn pipe(
             };
             let stamp = Instant::now();
             let parses_before = counter.seconds();
-            let messages = counter.feed(&buf[..n]);
+            let early_before = counter.early_groups();
+            let messages = counter.feed_owing(&buf[..n], owed.load(Ordering::Acquire));
+            if counter.early_groups() > early_before {
+                control
+                    .early_groups
+                    .fetch_add(counter.early_groups() - early_before, Ordering::Relaxed);
+            }
             counters.record(n, messages, counter.seconds() - parses_before);
             let messages = messages as i64;
             // A Sync from a client that was owed nothing starts a round trip
@@ -270,6 +295,7 @@ async fn pipe(
         let Ok(timer) = PreciseTimer::new() else {
             return;
         };
+        let mut seed = split_seed();
         while let Some((stamp, chunk, messages)) = queued.recv().await {
             if timer.sleep_until(stamp + control.delay()).await.is_err() {
                 return;
@@ -286,14 +312,67 @@ async fn pipe(
                 reset.notify_waiters();
                 return;
             }
-            if writer.write_all(&chunk).await.is_err() {
+            let written = if direction == Direction::Upstream
+                && control.split.load(Ordering::Acquire)
+                && started.load(Ordering::Acquire)
+            {
+                write_in_pieces(&mut writer, &chunk, &timer, &mut seed).await
+            } else {
+                writer.write_all(&chunk).await
+            };
+            if written.is_err() {
                 return;
             }
             if direction == Direction::Downstream && messages > 0 {
                 owed.fetch_sub(messages, Ordering::AcqRel);
+                started.store(true, Ordering::Release);
             }
         }
         let _ = writer.shutdown().await;
     };
     tokio::join!(read, write);
+}
+
+/// Writes `chunk` in two to four pieces split at random offsets, with a
+/// pause of 50-500 µs between them: a network that delivers a message in
+/// parts, each of which the peer may act on before the rest arrives.
+async fn write_in_pieces(
+    writer: &mut OwnedWriteHalf,
+    chunk: &[u8],
+    timer: &PreciseTimer,
+    seed: &mut u64,
+) -> std::io::Result<()> {
+    let mut next = || {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        *seed
+    };
+    let pieces = 2 + next() % 3;
+    let mut rest = chunk;
+    for _ in 1..pieces {
+        if rest.len() < 2 {
+            break;
+        }
+        let at = 1 + (next() as usize % (rest.len() - 1));
+        writer.write_all(&rest[..at]).await?;
+        rest = &rest[at..];
+        let pause = Duration::from_micros(50 + next() % 450);
+        if timer.sleep_until(Instant::now() + pause).await.is_err() {
+            break;
+        }
+    }
+    writer.write_all(rest).await
+}
+
+/// A different nonzero seed for each connection's pieces.
+fn split_seed() -> u64 {
+    static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    (now ^ CONNECTIONS
+        .fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        | 1
 }

@@ -51,6 +51,7 @@ pub struct ProxyBuilder {
     upstream: String,
     delay: Duration,
     realtime: bool,
+    split: bool,
 }
 
 impl ProxyBuilder {
@@ -58,6 +59,14 @@ impl ProxyBuilder {
     /// this). Default: zero.
     pub fn delay(mut self, one_way: Duration) -> Self {
         self.delay = one_way;
+        self
+    }
+
+    /// Whether upstream (client to server) bytes are written in two to four
+    /// pieces split at random offsets, with a short pause between them, as
+    /// a network may deliver them. Default: no.
+    pub fn split_writes(mut self, on: bool) -> Self {
+        self.split = on;
         self
     }
 
@@ -82,6 +91,7 @@ impl ProxyBuilder {
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let control = Arc::new(Control::new(self.delay, upstream));
+        control.set_split(self.split);
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
         let thread_control = Arc::clone(&control);
         let realtime = self.realtime;
@@ -149,6 +159,11 @@ pub struct Stats {
     /// trip already under way. Counted at the client's side of the delay:
     /// Syncs as they arrive, answers as they are delivered.
     pub busy_periods: u64,
+    /// Request groups (everything up to a `Sync` or a simple `Query`) that
+    /// a client began before every answer it was owed had been delivered
+    /// to it: the wire observer for poolers that need one group in flight.
+    /// Zero for a client that waits for each `ReadyForQuery`.
+    pub early_groups: u64,
 }
 
 impl Proxy {
@@ -158,6 +173,7 @@ impl Proxy {
             upstream: upstream.into(),
             delay: Duration::ZERO,
             realtime: true,
+            split: false,
         }
     }
 

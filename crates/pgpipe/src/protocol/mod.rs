@@ -2,6 +2,8 @@
 //! of the SQL it is given. Nothing here knows of the router or the pool.
 //!
 //! - [`framer`]: message boundaries, one direction at a time.
+//! - [`gate`]: one request group on the wire at a time, behind poolers
+//!   that need it.
 //! - [`tap`]: the stream wrapper that feeds both directions to framers and
 //!   reports into the connection's state.
 //! - [`coalesce`]: read groups, one `Sync` for the reads of one write on a
@@ -12,6 +14,7 @@
 
 pub(crate) mod coalesce;
 pub(crate) mod framer;
+mod gate;
 mod known_code;
 mod lexer;
 pub(crate) mod rtt;

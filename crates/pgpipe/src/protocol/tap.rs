@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::coalesce::{Coalescer, SHRINK_ABOVE};
 use super::framer::{Framer, Phase};
+use super::gate::Gate;
 use crate::conn::PoolWire;
 use crate::conn::state::ConnState;
 use crate::metrics::QuarantineReason;
@@ -62,6 +63,10 @@ pub(crate) struct TappedStream<S> {
     /// Atomic batches written while the connection was shared (boxed: the
     /// tap moves through every connect future, which queries may hold).
     units: Box<Units>,
+    /// Behind a pooler that cannot track a pipeline: one request group on
+    /// the wire at a time (see [`gate`](super::gate)), and the write waiting
+    /// for the answer that opens it.
+    gate: Option<Box<(Gate, Option<std::task::Waker>)>>,
 }
 
 /// The atomic batches a shared connection carries, as the numbers of the
@@ -144,6 +149,7 @@ impl<S> TappedStream<S> {
             probe: None,
             groups: state.read_groups.then(Box::default),
             units: Box::default(),
+            gate: state.one_at_a_time().then(Box::default),
             state,
         }
     }
@@ -221,6 +227,9 @@ impl<S> TappedStream<S> {
                 .store(self.pool.now_nanos(), Ordering::Relaxed);
             let answered = state.readies.fetch_add(readies, Ordering::AcqRel) + readies;
             state.wake();
+            if let Some(waker) = self.gate.as_mut().and_then(|gate| gate.1.take()) {
+                waker.wake();
+            }
             if let Some((sent, awaited)) = self.probe {
                 if answered >= awaited {
                     self.pool.rtt.sample(sent.elapsed());
@@ -417,6 +426,42 @@ impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
     }
 }
 
+impl<S> TappedStream<S> {
+    /// What of `buf` may be written now: all of it, except behind a pooler
+    /// that cannot track a pipeline, where a write stops at the end of its
+    /// first request group and the next group waits for every answer owed
+    /// (`None`: nothing yet; the task is woken at the next ReadyForQuery).
+    /// Only past start-up and on the plaintext protocol: under TLS the tap
+    /// above the encryption holds the gate.
+    fn gate_if_active(&mut self) -> Option<&mut (Gate, Option<std::task::Waker>)> {
+        let active =
+            self.outbound.phase == Phase::Typed && self.state.readies.load(Ordering::Acquire) > 0;
+        self.gate.as_deref_mut().filter(|_| active)
+    }
+
+    fn gated<'b>(&mut self, cx: &mut Context<'_>, buf: &'b [u8]) -> Option<&'b [u8]> {
+        if self.gate.is_none() {
+            return Some(buf);
+        }
+        let state = Arc::clone(&self.state);
+        let owed = || state.wire_depth() > 0 && !state.is_dead();
+        let Some(gate) = self.gate_if_active() else {
+            return Some(buf);
+        };
+        let allowed = gate.0.allowed(buf, owed());
+        if allowed > 0 || buf.is_empty() {
+            return Some(&buf[..allowed]);
+        }
+        gate.1 = Some(cx.waker().clone());
+        // An answer may have come in meanwhile: look again.
+        if owed() {
+            return None;
+        }
+        gate.1 = None;
+        Some(&buf[..gate.0.allowed(buf, false)])
+    }
+}
+
 impl<S: AsyncWrite + Unpin> TappedStream<S> {
     /// Writes what the rewriter left to write; `Pending` until all of it is
     /// out.
@@ -449,9 +494,16 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TappedStream<S> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         if !self.grouping() {
+            let buf = match self.gated(cx, buf) {
+                Some(buf) => buf,
+                None => return Poll::Pending,
+            };
             let probe_start = self.probe_start();
             let result = Pin::new(&mut self.inner).poll_write(cx, buf);
             if let Poll::Ready(Ok(n)) = result {
+                if let Some(gate) = self.gate_if_active() {
+                    gate.0.advance(&buf[..n]);
+                }
                 self.observe_write(&buf[..n], probe_start);
             }
             return result;
