@@ -15,6 +15,8 @@ mod lifecycle;
 mod metrics;
 mod overload;
 mod owned_transactions;
+mod pooler_transactions;
+mod pooler_wire;
 mod poolers;
 mod quarantine;
 mod read_groups;

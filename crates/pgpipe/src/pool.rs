@@ -685,6 +685,7 @@ impl PoolInner {
             manager.descriptions = Some(Arc::new(Descriptions::new(
                 describer,
                 config.statement_cache_capacity,
+                config.query_timeout.unwrap_or(config.wait_timeout),
             )));
         }
         let pg = deadpool::managed::Pool::builder(manager)

@@ -8,6 +8,15 @@
 //! pooler keeps one server for a transaction, so the statement is prepared,
 //! described and closed on the same server, and none outlives it.
 //!
+//! Inside a transaction the types are learned on the transaction's own
+//! connection instead ([`describe_here`]): the transaction pins one server
+//! behind a pooler, and a statement that names a table the transaction
+//! created, or resolves through its `SET LOCAL search_path`, or waits for a
+//! lock the transaction holds, only describes there. The describer serves
+//! the rest, one description at a time, each bounded by the pool's
+//! `query_timeout` (else `wait_timeout`), after which its connection is
+//! closed and the caller told that nothing ran.
+//!
 //! tokio-postgres resolves types that are not PostgreSQL's own (enums,
 //! composites, domains as parameters) with named statements that it caches
 //! on its client for good. Those would outlive the transaction, so a
@@ -21,8 +30,9 @@ use std::sync::{Arc, Mutex};
 use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Statement};
 
-use super::{Manager, PgConn};
+use super::{ConnState, Manager, PgConn};
 use crate::error::{Error, ErrorKind};
+use crate::metrics::CloseReason;
 use crate::sync::lock;
 
 /// What a description found: the parameter types, or why the statement is
@@ -38,6 +48,9 @@ pub(crate) struct Descriptions {
     describer: tokio::sync::Mutex<Option<PgConn>>,
     /// Opens the describer as the pool opens its connections.
     opener: Manager,
+    /// How long one description may take, waiting for the describer
+    /// included.
+    limit: std::time::Duration,
 }
 
 /// Why a description failed, and whether its connection must go.
@@ -47,12 +60,17 @@ struct Failure {
 }
 
 impl Descriptions {
-    pub(crate) fn new(opener: Manager, capacity: usize) -> Descriptions {
+    pub(crate) fn new(
+        opener: Manager,
+        capacity: usize,
+        limit: std::time::Duration,
+    ) -> Descriptions {
         Descriptions {
             types: Mutex::new(HashMap::new()),
             capacity: capacity.max(1),
             describer: tokio::sync::Mutex::new(None),
             opener,
+            limit,
         }
     }
 
@@ -83,9 +101,40 @@ impl Descriptions {
             })
     }
 
-    /// Describes `sql` on the describer, one description at a time.
+    /// Describes `sql` on the describer, one description at a time, within
+    /// the limit.
     async fn describe(&self, sql: &str) -> Result<Arc<[Type]>, Error> {
-        let mut describer = self.describer.lock().await;
+        let too_long = || {
+            Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "describing the statement's parameters took over {:?} (a lock it waits \
+                     for?); nothing of the query was sent",
+                    self.limit
+                ),
+            )
+            .unsent()
+        };
+        let deadline = tokio::time::Instant::now() + self.limit;
+        let Ok(mut describer) = tokio::time::timeout_at(deadline, self.describer.lock()).await
+        else {
+            return Err(too_long());
+        };
+        match tokio::time::timeout_at(deadline, self.describe_on(&mut describer, sql)).await {
+            Ok(found) => found,
+            Err(_) => {
+                // Its transaction may be open, its statement not closed.
+                *describer = None;
+                Err(too_long())
+            }
+        }
+    }
+
+    async fn describe_on(
+        &self,
+        describer: &mut Option<PgConn>,
+        sql: &str,
+    ) -> Result<Arc<[Type]>, Error> {
         // Another query may have described it while this one waited.
         if let Some(found) = self.known(sql) {
             return found;
@@ -120,7 +169,7 @@ impl Descriptions {
     }
 
     /// What an earlier description of `sql` found.
-    fn known(&self, sql: &str) -> Option<Result<Arc<[Type]>, Error>> {
+    pub(crate) fn known(&self, sql: &str) -> Option<Result<Arc<[Type]>, Error>> {
         let cache = lock(&self.types);
         Some(match cache.get(sql)? {
             Ok(types) => Ok(Arc::clone(types)),
@@ -136,6 +185,49 @@ impl Descriptions {
             }
         }
         cache.insert(Arc::from(sql), found);
+    }
+}
+
+/// The parameter types of `sql`, learned on the connection of the
+/// transaction it is about to run in (`client`, `state`): prepared,
+/// described and closed there, so that it sees what the transaction sees.
+/// Nothing is remembered for the pool: another session may resolve the
+/// same text differently.
+///
+/// # Errors
+///
+/// The server's error for SQL it refuses (which aborts the transaction, as
+/// the statement itself would); [`ErrorKind::NotSupported`] for a type that
+/// is not PostgreSQL's own, after which the connection is closed when it
+/// comes back (tokio-postgres cached its type look-ups on it as named
+/// statements).
+pub(crate) async fn describe_here(
+    client: &Client,
+    state: &ConnState,
+    sql: &str,
+) -> Result<Arc<[Type]>, Error> {
+    let statement = client
+        .prepare(sql)
+        .await
+        .map_err(|e| Error::from_query(e, client.is_closed()))?;
+    let custom = custom_type(&statement);
+    let types: Arc<[Type]> = statement.params().into();
+    // Its Close goes out now, inside the transaction.
+    drop(statement);
+    match custom {
+        None => Ok(types),
+        Some(ty) => {
+            state.closing(CloseReason::ResetFailed);
+            Err(Error::new(
+                ErrorKind::NotSupported,
+                format!(
+                    "the statement uses type {ty}, which is not PostgreSQL's own; with unnamed \
+                     statements (through a transaction pooler) only built-in types work: cast \
+                     it to text (`$1::text::{ty}`, `SELECT col::text`); nothing was run, and \
+                     the connection is closed when it comes back"
+                ),
+            ))
+        }
     }
 }
 

@@ -135,6 +135,9 @@ impl managed::Manager for Manager {
         if conn.is_dead() {
             return Err(RecycleError::message("connection is closed"));
         }
+        if conn.state.close_reason().is_some() {
+            return Err(RecycleError::message("connection marked to close"));
+        }
         if conn.is_expired() {
             conn.closing(CloseReason::MaxLifetime);
             return Err(RecycleError::message("connection reached max_lifetime"));

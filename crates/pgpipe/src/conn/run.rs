@@ -13,7 +13,7 @@ use tokio_postgres::types::Type;
 use tokio_postgres::{Client, RowStream, SimpleQueryMessage, Statement};
 
 use super::connect::{Peer, send_cancel_request};
-use super::describe::Descriptions;
+use super::describe::{self, Descriptions};
 use super::params::{self, Params};
 use super::statement_cache::{self, Lookup, StatementCache, Ticket};
 use super::{ConnState, SESSION_CLEANUP};
@@ -120,11 +120,39 @@ pub(crate) async fn prepared(
     sql: &str,
 ) -> Result<Prepared, Error> {
     match target.descriptions {
-        Some(descriptions) => descriptions.param_types(sql).await.map(Prepared::Unnamed),
+        Some(descriptions) => {
+            if let Some(known) = descriptions.known(sql) {
+                return known.map(Prepared::Unnamed);
+            }
+            if in_transaction(target).await {
+                // Boxed: only inside transactions behind some poolers.
+                let here = describe::describe_here(target.client, target.state, sql);
+                return Box::pin(here).await.map(Prepared::Unnamed);
+            }
+            descriptions.param_types(sql).await.map(Prepared::Unnamed)
+        }
         None => cached_statement(target, prepare, sql)
             .await
             .map(|(statement, generation)| Prepared::Named(statement, generation)),
     }
+}
+
+/// Whether `target` is inside a transaction, as the server last said (its
+/// ReadyForQuery, once every answer owed is in). A shared connection never
+/// is: its transactions are the pool's own atomic batches, whose items are
+/// described before they are sent.
+async fn in_transaction(target: Target<'_>) -> bool {
+    if target.state.is_shared() {
+        return false;
+    }
+    target.state.settled().await;
+    matches!(
+        target
+            .state
+            .tx_status
+            .load(std::sync::atomic::Ordering::Acquire),
+        b'T' | b'E'
+    )
 }
 
 /// Runs `sql` on `target`.

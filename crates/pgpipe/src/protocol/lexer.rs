@@ -1,6 +1,17 @@
 //! The SQL lexer the [`sql_guard`](super::sql_guard) reads statements with:
 //! words, quoted identifiers and punctuation, with comments, literals and
 //! dollar quotes skipped.
+//!
+//! It follows PostgreSQL's own scanner (`scan.l`) where the boundaries of a
+//! token are decided: a `--` comment ends at `\n` or `\r`; block comments
+//! nest; dollar-quote tags and identifiers take bytes 0x80-0xff; numbers
+//! (`1.5e3`, `.5`, `0x1F`, `1_000`) are one token, so their `.` is no
+//! qualifier; `U&"…"` identifiers with escapes are [`Token::Escaped`], never
+//! compared by name. Whether backslashes escape in plain strings depends on
+//! the session's `standard_conforming_strings`: [`Lexer::backslash_strings`]
+//! reads them the other way, and the guard takes the stricter verdict of
+//! the two. A differential test holds all this against libpg_query's
+//! scanner (`cargo test -p pgpipe --features pg-query-check`).
 
 /// A lexical token; only what the checks need.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,17 +24,36 @@ pub(crate) enum Token<'a> {
     Other,
     /// `(`, `)`, `,`, `;` or `.`.
     Punct(u8),
+    /// A `U&"…"` identifier with Unicode escapes: a name the guard does not
+    /// decode, so it cannot tell what it names.
+    Escaped,
 }
 
 /// Splits SQL into [`Token`]s, skipping comments and the insides of literals.
 pub(crate) struct Lexer<'a> {
     sql: &'a [u8],
     at: usize,
+    /// Plain strings take backslash escapes (`standard_conforming_strings`
+    /// off).
+    backslashes: bool,
 }
 
 impl<'a> Lexer<'a> {
     pub(crate) fn new(sql: &'a [u8]) -> Lexer<'a> {
-        Lexer { sql, at: 0 }
+        Lexer {
+            sql,
+            at: 0,
+            backslashes: false,
+        }
+    }
+
+    /// A lexer that reads plain strings as a session with
+    /// `standard_conforming_strings = off` does: `\'` does not end them.
+    pub(crate) fn backslash_strings(sql: &'a [u8]) -> Lexer<'a> {
+        Lexer {
+            backslashes: true,
+            ..Lexer::new(sql)
+        }
     }
 
     fn peek(&self, offset: usize) -> Option<u8> {
@@ -73,12 +103,14 @@ impl<'a> Lexer<'a> {
     /// parameter (`$1`).
     fn skip_dollar(&mut self) {
         let rest = &self.sql[self.at..];
+        // `$` then a tag of identifier bytes (not starting with a digit),
+        // then `$`: PostgreSQL's `dolqdelim`.
         let tag_len = rest[1..]
             .iter()
-            .position(|c| !(c.is_ascii_alphanumeric() || *c == b'_'))
+            .position(|c| !is_ident_byte(*c))
             .map(|n| n + 1);
         match tag_len {
-            Some(n) if rest[n] == b'$' && !rest[1].is_ascii_digit() => {
+            Some(n) if rest[n] == b'$' && (n == 1 || !rest[1].is_ascii_digit()) => {
                 let tag = &rest[..=n];
                 let body = &rest[n + 1..];
                 let end = body
@@ -97,6 +129,42 @@ impl<'a> Lexer<'a> {
     }
 }
 
+impl Lexer<'_> {
+    /// A numeric literal: digits (with `_` separators), a fraction, an
+    /// exponent, or a `0x`/`0o`/`0b` prefix; trailing identifier bytes are
+    /// taken too (PostgreSQL refuses them as "trailing junk").
+    fn skip_number(&mut self) {
+        let mut seen_dot = false;
+        while let Some(c) = self.peek(0) {
+            match c {
+                b'.' if !seen_dot && self.peek(1) != Some(b'.') => seen_dot = true,
+                b'e' | b'E' if matches!(self.peek(1), Some(b'+' | b'-')) => self.at += 1,
+                c if is_ident_byte(c) => {}
+                _ => return,
+            }
+            self.at += 1;
+        }
+    }
+
+    /// Whether a `UESCAPE` clause follows (white space between), which
+    /// changes the escape character of the `U&` literal before it.
+    fn uescape_follows(&self) -> bool {
+        let rest = &self.sql[self.at..];
+        let rest = rest.trim_ascii_start();
+        rest.len() >= 7 && rest[..7].eq_ignore_ascii_case(b"uescape")
+    }
+}
+
+/// PostgreSQL's `ident_start`: a letter, `_`, or any byte 0x80-0xff.
+fn is_ident_start(c: u8) -> bool {
+    c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
+}
+
+/// PostgreSQL's `ident_cont` without `$`: also digits.
+fn is_ident_byte(c: u8) -> bool {
+    is_ident_start(c) || c.is_ascii_digit()
+}
+
 impl<'a> Iterator for Lexer<'a> {
     type Item = Token<'a>;
 
@@ -106,14 +174,21 @@ impl<'a> Iterator for Lexer<'a> {
             match c {
                 // PostgreSQL 17 reads a vertical tab as white space too.
                 c if c.is_ascii_whitespace() || c == 0x0b => self.at += 1,
+                // PostgreSQL's `comment`: up to a newline or a carriage return.
                 b'-' if self.peek(1) == Some(b'-') => {
-                    while self.peek(0).is_some_and(|c| c != b'\n') {
+                    while self.peek(0).is_some_and(|c| c != b'\n' && c != b'\r') {
                         self.at += 1;
                     }
                 }
                 b'/' if self.peek(1) == Some(b'*') => self.skip_block_comment(),
                 b'\'' => {
-                    self.skip_quoted(b'\'', false);
+                    self.skip_quoted(b'\'', self.backslashes);
+                    return Some(Token::Other);
+                }
+                c if c.is_ascii_digit()
+                    || (c == b'.' && self.peek(1).is_some_and(|d| d.is_ascii_digit())) =>
+                {
+                    self.skip_number();
                     return Some(Token::Other);
                 }
                 b'"' => return Some(Token::Quoted(self.skip_quoted(b'"', false))),
@@ -125,11 +200,9 @@ impl<'a> Iterator for Lexer<'a> {
                     self.at += 1;
                     return Some(Token::Punct(c));
                 }
-                c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                c if is_ident_start(c) => {
                     let start = self.at;
-                    while self.peek(0).is_some_and(|c| {
-                        c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c >= 0x80
-                    }) {
+                    while self.peek(0).is_some_and(|c| is_ident_byte(c) || c == b'$') {
                         self.at += 1;
                     }
                     let word = &self.sql[start..self.at];
@@ -137,6 +210,25 @@ impl<'a> Iterator for Lexer<'a> {
                     if (word == b"e" || word == b"E") && self.peek(0) == Some(b'\'') {
                         self.skip_quoted(b'\'', true);
                         return Some(Token::Other);
+                    }
+                    // U&'…' strings and U&"…" identifiers.
+                    if (word == b"u" || word == b"U") && self.peek(0) == Some(b'&') {
+                        match self.peek(1) {
+                            Some(b'\'') => {
+                                self.at += 1;
+                                self.skip_quoted(b'\'', false);
+                                return Some(Token::Other);
+                            }
+                            Some(b'"') => {
+                                self.at += 1;
+                                let name = self.skip_quoted(b'"', false);
+                                if name.contains(&b'\\') || self.uescape_follows() {
+                                    return Some(Token::Escaped);
+                                }
+                                return Some(Token::Quoted(name));
+                            }
+                            _ => {}
+                        }
                     }
                     return Some(Token::Word(word));
                 }

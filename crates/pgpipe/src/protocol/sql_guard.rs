@@ -66,9 +66,14 @@ pub(crate) fn check(sql: &str) -> Result<Code, Error> {
 /// word that merely looks like one of these (a column named `set`) keeps
 /// its query out of groups, which costs a `Sync`, never correctness.
 pub(crate) fn groupable(sql: &str) -> bool {
-    const BREAKERS: [&str; 8] = [
+    const BREAKERS: [&str; 12] = [
         "set",
         "set_config",
+        // The group's transaction id, seen by every later member.
+        "txid_current",
+        "txid_current_if_assigned",
+        "pg_current_xact_id",
+        "pg_current_xact_id_if_assigned",
         "notify",
         "pg_notify",
         "pg_advisory_xact_lock",
@@ -79,9 +84,11 @@ pub(crate) fn groupable(sql: &str) -> bool {
     if !matches!(check(sql), Ok(Code::Known)) {
         return false;
     }
-    !Lexer::new(sql.as_bytes()).any(|token| match token {
-        Token::Word(word) | Token::Quoted(word) => BREAKERS.iter().any(|b| is(word, b)),
-        _ => false,
+    !lexers(sql).any(|mut tokens| {
+        tokens.any(|token| match token {
+            Token::Word(word) | Token::Quoted(word) => BREAKERS.iter().any(|b| is(word, b)),
+            _ => false,
+        })
     })
 }
 
@@ -144,6 +151,8 @@ fn refused_without_session(statement: &[Token<'_>]) -> Option<&'static str> {
         "MOVE (a cursor)",
         "CLOSE (a cursor)",
         "LOCK",
+        "SET TRANSACTION",
+        "SET CONSTRAINTS",
     ];
     refused(statement).filter(|what| !TRANSACTION_SCOPED.contains(what))
 }
@@ -167,12 +176,35 @@ pub(crate) fn check_not_copy(sql: &str) -> Result<(), Error> {
 }
 
 /// Each `;`-separated statement through `refuse`: the first refusal, or
-/// whether any statement runs code the guard cannot read.
+/// whether any statement runs code the guard cannot read. SQL with a
+/// backslash is read both ways a session may read its plain strings
+/// (`standard_conforming_strings` on and off), and the stricter verdict
+/// holds: the guard never needs to know the session's setting.
 fn scan(sql: &str, refuse: fn(&[Token<'_>]) -> Option<&'static str>) -> Result<Code, &'static str> {
     if plainly_harmless(sql.as_bytes()) {
         return Ok(Code::Known);
     }
-    let tokens: Lexer<'_> = Lexer::new(sql.as_bytes());
+    let conforming = scan_with(Lexer::new(sql.as_bytes()), refuse)?;
+    if !sql.as_bytes().contains(&b'\\') {
+        return Ok(conforming);
+    }
+    match scan_with(Lexer::backslash_strings(sql.as_bytes()), refuse)? {
+        Code::Known => Ok(conforming),
+        Code::Unknown => Ok(Code::Unknown),
+    }
+}
+
+/// The lexers a session could read `sql` with (see [`scan`]).
+fn lexers(sql: &str) -> impl Iterator<Item = Lexer<'_>> {
+    let backslashes = sql.as_bytes().contains(&b'\\');
+    std::iter::once(Lexer::new(sql.as_bytes()))
+        .chain(backslashes.then(|| Lexer::backslash_strings(sql.as_bytes())))
+}
+
+fn scan_with(
+    tokens: Lexer<'_>,
+    refuse: fn(&[Token<'_>]) -> Option<&'static str>,
+) -> Result<Code, &'static str> {
     let mut statement: Vec<Token<'_>> = Vec::new();
     let mut code = Code::Known;
     for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
@@ -234,7 +266,7 @@ fn plainly_harmless(sql: &[u8]) -> bool {
     starts_plainly && !mentions_anything_checked(sql)
 }
 
-/// Whether `sql` holds, anywhere and in any case, a `;`, a `(` or a word
+/// Whether `sql` holds, anywhere and in any case, a `;`, a `(`, a `&` or a word
 /// the full check looks for. One pass, comparing only where a word's first
 /// letter stands: this runs for every query.
 fn mentions_anything_checked(sql: &[u8]) -> bool {
@@ -250,7 +282,8 @@ fn mentions_anything_checked(sql: &[u8]) -> bool {
     sql.iter()
         .enumerate()
         .any(|(i, &c)| match c.to_ascii_lowercase() {
-            b';' | b'(' => true,
+            // `&`: a `U&"…"` name may spell any of the words below.
+            b';' | b'(' | b'&' => true,
             first @ (b'i' | b's' | b'a' | b'p' | b'l' | b'c') => WORDS.iter().any(|word| {
                 word[0] == first
                     && sql
@@ -284,6 +317,7 @@ const SESSION_FIRST_WORDS: &[&str] = &[
     "listen",
     "unlisten",
     "reset",
+    "load",
 ];
 
 const SESSION_LOCKS: &[&str] = &[
@@ -298,6 +332,9 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
     let opening = statement.iter().find(|t| **t != Token::Punct(b'('));
     if !matches!(opening, None | Some(Token::Word(_))) {
         return Some("a statement that does not start with a keyword");
+    }
+    if statement.contains(&Token::Escaped) {
+        return Some("a Unicode-escaped identifier (U&\"…\" with escapes; write the name plainly)");
     }
     if let Some(analyzed) = explained(statement) {
         return refused(analyzed);
@@ -333,8 +370,14 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
     if let Some(word) = refused_first.find(|w| is(first, w)) {
         return Some(keyword_name(word));
     }
-    if is(first, "set") && !words.get(1).is_some_and(|w| is(w, "local")) {
-        return Some("SET (without LOCAL)");
+    if is(first, "set") {
+        // Forms that last only as long as the transaction they run in.
+        match words.get(1) {
+            Some(w) if is(w, "local") => {}
+            Some(w) if is(w, "transaction") => return Some("SET TRANSACTION"),
+            Some(w) if is(w, "constraints") => return Some("SET CONSTRAINTS"),
+            _ => return Some("SET (without LOCAL)"),
+        }
     }
     if is(first, "create") && creates_temp(&words[1..]) {
         return Some("CREATE TEMP");
@@ -353,6 +396,9 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
                 }
                 if SESSION_LOCKS.iter().any(|lock| is(w, lock)) {
                     return Some("a session-level advisory lock");
+                }
+                if is(w, "setseed") {
+                    return Some("setseed() (the session's random() sequence; no reset undoes it)");
                 }
             }
             _ => {}
@@ -406,6 +452,7 @@ fn keyword_name(word: &str) -> &'static str {
         "discard" => "DISCARD",
         "listen" => "LISTEN",
         "unlisten" => "UNLISTEN",
+        "load" => "LOAD (a library stays loaded for every later user; no reset undoes it)",
         _ => "RESET",
     }
 }
@@ -513,6 +560,79 @@ mod groupable_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The guard and the server read the same statement: each of these
+    /// hides a session change from a lexer that differs from PostgreSQL's.
+    #[test]
+    fn lexical_disguises_are_seen_through() {
+        for sql in [
+            // A `--` comment ends at a carriage return.
+            "-- note\rSET search_path TO pg_catalog",
+            "SELECT 1; -- x\rSELECT set_config('app.tenant', 'a', false)",
+            // With standard_conforming_strings off, `\'` does not end the
+            // string, and the SET runs.
+            "SELECT 'x\\''; SET search_path TO pg_catalog; --'",
+            // U&"pg\005Fsettings" is pg_settings.
+            "UPDATE U&\"pg\\005Fsettings\" SET setting = 'x' WHERE name = 'search_path'",
+            "SELECT 1 FROM U&\"pg!005Ftemp\" UESCAPE '!'.t",
+            // A dollar-quote tag with bytes past ASCII is one string.
+            "SELECT $é$ x $é$; SET search_path TO pg_catalog",
+            // Nothing the cleanup undoes.
+            "SELECT setseed(0.5)",
+            "LOAD 'auto_explain'",
+        ] {
+            assert!(refused(sql), "{sql:?}");
+        }
+        // And plain SQL with the same pieces still runs.
+        for sql in [
+            "SELECT $é$ ; SET search_path TO x $é$",
+            "SELECT 'it''s' -- SET x\n",
+            "SELECT U&\"d\\0061t\\+000061\" FROM t",
+            "SELECT 1.5, .5e3, 0x1F, 1_000, t.x FROM t",
+            "SELECT E'\\'; SET x TO y'",
+        ] {
+            if sql.starts_with("SELECT U&") {
+                assert!(refused(sql), "escaped names are not decoded: {sql:?}");
+            } else {
+                assert!(!refused(sql), "{sql:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_transaction_id_keeps_its_query_out_of_read_groups() {
+        for sql in [
+            "SELECT txid_current()",
+            "SELECT pg_current_xact_id()",
+            "SELECT pg_catalog.txid_current_if_assigned()",
+        ] {
+            assert!(!groupable(sql), "{sql}");
+        }
+        assert!(groupable("SELECT now(), id FROM t WHERE id = $1"));
+    }
+
+    #[test]
+    fn transaction_scoped_set_forms_pass_a_transaction_pooler_and_session_ones_do_not() {
+        for sql in [
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "set transaction read only",
+            "SET TRANSACTION SNAPSHOT '00000003-0000001B-1'",
+            "SET CONSTRAINTS ALL DEFERRED",
+            "SET LOCAL search_path TO app",
+        ] {
+            assert!(check_through_transaction_pooler(sql).is_ok(), "{sql}");
+        }
+        for sql in [
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "SET search_path TO app",
+            "SET SESSION statement_timeout = 0",
+        ] {
+            assert!(check_through_transaction_pooler(sql).is_err(), "{sql}");
+        }
+        // On the shared path every one of them stays refused.
+        assert!(refused("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"));
+        assert!(refused("SET CONSTRAINTS ALL DEFERRED"));
+    }
 
     fn refused(sql: &str) -> bool {
         match check(sql) {
