@@ -192,3 +192,71 @@ async fn transaction_scoped_set_forms_run_inside_a_transaction() {
     assert_eq!(err.kind(), ErrorKind::NotSupported, "{err}");
     tx.rollback().await.unwrap();
 }
+
+/// PgBouncer's `query_wait_timeout` (no server free in time) is a `Connect`
+/// error (nothing ran) and is counted by kind; `server conn crashed?` (the
+/// server's backend terminated under a query) is `ConnectionLost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooler_errors_map_to_kinds_and_are_counted() {
+    let Some(bouncer) = Pgbouncer::builder(&upstream())
+        .setting("pool_mode", "transaction")
+        .setting("default_pool_size", "1")
+        .setting("query_wait_timeout", "1")
+        .start()
+        .expect("PgBouncer starts")
+    else {
+        return;
+    };
+    let registry = prometheus::Registry::new();
+    let build = |registry: Option<&prometheus::Registry>| {
+        let mut builder = Pool::builder()
+            .url(&bouncer.url())
+            .max_size(2)
+            .pipelining(true)
+            .pooler(Pooler::pgbouncer_transaction((1, 18), 0))
+            .wait_timeout(Duration::from_secs(20));
+        if let Some(registry) = registry {
+            builder = builder.registry(registry);
+        }
+        builder.build().unwrap()
+    };
+    let (holder, pool) = (build(None), build(Some(&registry)));
+    // The one server, held by a transaction.
+    let held = holder.begin().await.unwrap();
+    held.execute("SELECT 1", &[]).await.unwrap();
+    let err = within("a query waiting for a server", pool.query("SELECT 2", &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Connect, "{err}");
+    let counted = super::support::Scrape::of(&registry).value(
+        "pgpipe_pooler_errors_total",
+        &[("kind", "query_wait_timeout")],
+    );
+    assert_eq!(counted, 1.0);
+    held.rollback().await.unwrap();
+
+    // The backend terminated under a query: PgBouncer says so.
+    let tx = pool.begin().await.unwrap();
+    let pid: i32 = tx.query("SELECT pg_backend_pid()", &[]).await.unwrap()[0].get(0);
+    let admin = pgpipe_test_support::admin().await;
+    let sleeping = tx.query("SELECT pg_sleep(10)", &[]);
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+    };
+    let (slept, ()) = within("a query whose server died", async {
+        tokio::join!(sleeping, kill)
+    })
+    .await;
+    let err = slept.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::ConnectionLost, "{err}");
+    drop(tx);
+    // The pool heals: the next query runs.
+    let rows = within("a query after the crash", pool.query("SELECT 3", &[]))
+        .await
+        .unwrap();
+    assert_eq!(rows[0].get::<_, i32>(0), 3);
+}
