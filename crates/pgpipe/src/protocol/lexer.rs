@@ -6,7 +6,7 @@
 //! token are decided: a `--` comment ends at `\n` or `\r`; block comments
 //! nest; dollar-quote tags and identifiers take bytes 0x80-0xff; numbers
 //! (`1.5e3`, `.5`, `0x1F`, `1_000`) are one token, so their `.` is no
-//! qualifier; `U&"…"` identifiers with escapes are [`Token::Escaped`], never
+//! qualifier; `U&"…"` identifiers are [`Token::Escaped`], never decoded or
 //! compared by name. Whether backslashes escape in plain strings depends on
 //! the session's `standard_conforming_strings`: [`Lexer::backslash_strings`]
 //! reads them the other way, and the guard takes the stricter verdict of
@@ -24,8 +24,8 @@ pub(crate) enum Token<'a> {
     Other,
     /// `(`, `)`, `,`, `;` or `.`.
     Punct(u8),
-    /// A `U&"…"` identifier with Unicode escapes: a name the guard does not
-    /// decode, so it cannot tell what it names.
+    /// A `U&"…"` identifier: a name the guard does not decode (Unicode
+    /// escapes, `UESCAPE`), so it cannot tell what it names.
     Escaped,
 }
 
@@ -99,6 +99,55 @@ impl<'a> Lexer<'a> {
         &self.sql[start.min(self.sql.len())..]
     }
 
+    /// A string literal and its continuations: a string followed by white
+    /// space with a newline in it (and comments on lines of their own) and
+    /// another quote goes on, in the same escape mode (PostgreSQL's
+    /// `quotecontinue`).
+    fn skip_string(&mut self, backslash: bool) {
+        loop {
+            self.skip_quoted(b'\'', backslash);
+            match self.continuation() {
+                Some(quote) => self.at = quote,
+                None => return,
+            }
+        }
+    }
+
+    /// Where a string's continuation quote stands, if one follows.
+    fn continuation(&self) -> Option<usize> {
+        let mut at = self.at;
+        let byte = |at: usize| self.sql.get(at).copied();
+        // White space on the string's own line, a comment included.
+        loop {
+            match byte(at) {
+                Some(b' ' | b'\t' | 0x0c | 0x0b) => at += 1,
+                Some(b'-') if byte(at + 1) == Some(b'-') => {
+                    while byte(at).is_some_and(|c| c != b'\n' && c != b'\r') {
+                        at += 1;
+                    }
+                }
+                _ => break,
+            }
+        }
+        if !matches!(byte(at), Some(b'\n' | b'\r')) {
+            return None;
+        }
+        loop {
+            match byte(at) {
+                Some(b' ' | b'\t' | b'\n' | b'\r' | 0x0c | 0x0b) => at += 1,
+                Some(b'-') if byte(at + 1) == Some(b'-') => {
+                    while byte(at).is_some_and(|c| c != b'\n' && c != b'\r') {
+                        at += 1;
+                    }
+                    // A comment counts only with the newline that ends it.
+                    byte(at)?;
+                }
+                Some(b'\'') => return Some(at),
+                _ => return None,
+            }
+        }
+    }
+
     /// At a `$`: a dollar-quoted string (`$$…$$`, `$tag$…$tag$`) or a
     /// parameter (`$1`).
     fn skip_dollar(&mut self) {
@@ -130,28 +179,39 @@ impl<'a> Lexer<'a> {
 }
 
 impl Lexer<'_> {
-    /// A numeric literal: digits (with `_` separators), a fraction, an
-    /// exponent, or a `0x`/`0o`/`0b` prefix; trailing identifier bytes are
-    /// taken too (PostgreSQL refuses them as "trailing junk").
+    /// A numeric literal, as PostgreSQL's scanner reads one: a `0x`/`0o`/
+    /// `0b` integer, or digits (with `_` separators), one fraction, one
+    /// exponent; identifier bytes right behind are taken too (PostgreSQL
+    /// refuses them as "trailing junk").
     fn skip_number(&mut self) {
-        let mut seen_dot = false;
-        while let Some(c) = self.peek(0) {
-            match c {
-                b'.' if !seen_dot && self.peek(1) != Some(b'.') => seen_dot = true,
-                b'e' | b'E' if matches!(self.peek(1), Some(b'+' | b'-')) => self.at += 1,
-                c if is_ident_byte(c) => {}
-                _ => return,
+        let digits = |lexer: &mut Self| {
+            while lexer
+                .peek(0)
+                .is_some_and(|c| c.is_ascii_digit() || c == b'_')
+            {
+                lexer.at += 1;
             }
+        };
+        let radix = matches!(self.peek(1), Some(b'x' | b'X' | b'o' | b'O' | b'b' | b'B'));
+        if self.peek(0) == Some(b'0') && radix {
+            self.at += 2;
+        } else {
+            digits(self);
+            if self.peek(0) == Some(b'.') && self.peek(1) != Some(b'.') {
+                self.at += 1;
+                digits(self);
+            }
+            if matches!(self.peek(0), Some(b'e' | b'E')) {
+                let sign = usize::from(matches!(self.peek(1), Some(b'+' | b'-')));
+                if self.peek(1 + sign).is_some_and(|c| c.is_ascii_digit()) {
+                    self.at += 1 + sign;
+                    digits(self);
+                }
+            }
+        }
+        while self.peek(0).is_some_and(is_ident_byte) {
             self.at += 1;
         }
-    }
-
-    /// Whether a `UESCAPE` clause follows (white space between), which
-    /// changes the escape character of the `U&` literal before it.
-    fn uescape_follows(&self) -> bool {
-        let rest = &self.sql[self.at..];
-        let rest = rest.trim_ascii_start();
-        rest.len() >= 7 && rest[..7].eq_ignore_ascii_case(b"uescape")
     }
 }
 
@@ -182,7 +242,7 @@ impl<'a> Iterator for Lexer<'a> {
                 }
                 b'/' if self.peek(1) == Some(b'*') => self.skip_block_comment(),
                 b'\'' => {
-                    self.skip_quoted(b'\'', self.backslashes);
+                    self.skip_string(self.backslashes);
                     return Some(Token::Other);
                 }
                 c if c.is_ascii_digit()
@@ -208,7 +268,12 @@ impl<'a> Iterator for Lexer<'a> {
                     let word = &self.sql[start..self.at];
                     // E'…' strings take backslash escapes.
                     if (word == b"e" || word == b"E") && self.peek(0) == Some(b'\'') {
-                        self.skip_quoted(b'\'', true);
+                        self.skip_string(true);
+                        return Some(Token::Other);
+                    }
+                    // B'…' and X'…': bit strings, one token; no escapes.
+                    if matches!(word, b"b" | b"B" | b"x" | b"X") && self.peek(0) == Some(b'\'') {
+                        self.skip_string(false);
                         return Some(Token::Other);
                     }
                     // U&'…' strings and U&"…" identifiers.
@@ -216,16 +281,13 @@ impl<'a> Iterator for Lexer<'a> {
                         match self.peek(1) {
                             Some(b'\'') => {
                                 self.at += 1;
-                                self.skip_quoted(b'\'', false);
+                                self.skip_string(false);
                                 return Some(Token::Other);
                             }
                             Some(b'"') => {
                                 self.at += 1;
-                                let name = self.skip_quoted(b'"', false);
-                                if name.contains(&b'\\') || self.uescape_follows() {
-                                    return Some(Token::Escaped);
-                                }
-                                return Some(Token::Quoted(name));
+                                self.skip_quoted(b'"', false);
+                                return Some(Token::Escaped);
                             }
                             _ => {}
                         }

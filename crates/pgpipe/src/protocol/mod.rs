@@ -17,6 +17,8 @@ pub(crate) mod framer;
 mod gate;
 mod known_code;
 mod lexer;
+#[cfg(all(test, feature = "pg-query-check"))]
+mod lexer_diff;
 pub(crate) mod rtt;
 pub(crate) mod sql_guard;
 pub(crate) mod tap;

@@ -334,7 +334,7 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
         return Some("a statement that does not start with a keyword");
     }
     if statement.contains(&Token::Escaped) {
-        return Some("a Unicode-escaped identifier (U&\"…\" with escapes; write the name plainly)");
+        return Some("a Unicode-escaped identifier (U&\"…\"; write the name plainly)");
     }
     if let Some(analyzed) = explained(statement) {
         return refused(analyzed);
@@ -591,7 +591,7 @@ mod tests {
             "SELECT 1.5, .5e3, 0x1F, 1_000, t.x FROM t",
             "SELECT E'\\'; SET x TO y'",
         ] {
-            if sql.starts_with("SELECT U&") {
+            if sql.contains("U&\"") {
                 assert!(refused(sql), "escaped names are not decoded: {sql:?}");
             } else {
                 assert!(!refused(sql), "{sql:?}");

@@ -1,0 +1,95 @@
+//! The SQL guard reads what the server reads (#21, the lexical class): each
+//! disguise below changes the session on a plain connection (the positive
+//! control, against the real server), and the shared path refuses it
+//! before anything is sent. A disguise the guard misread would have run on
+//! a connection other tasks share.
+
+use pgpipe::{ErrorKind, Pool};
+use pgpipe_test_support::{connect, database_url};
+
+async fn search_path(client: &pgpipe::tokio_postgres::Client) -> String {
+    client
+        .query_one("SHOW search_path", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+fn pool() -> Pool {
+    Pool::builder()
+        .url(&database_url())
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap()
+}
+
+/// Each SQL text, run on a plain connection (simple protocol, with the
+/// session setting it needs), moves `search_path`; on the shared path it is
+/// refused, and a later query there sees the path untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lexical_disguises_of_a_set_are_refused_and_really_are_sets() {
+    let cases: [(&str, &str); 3] = [
+        ("", "-- note\rSET search_path TO pg_catalog"),
+        (
+            "SET standard_conforming_strings = off",
+            "SELECT 'x\\''; SET search_path TO pg_catalog; --'",
+        ),
+        (
+            "",
+            "UPDATE U&\"pg\\005Fsettings\" SET setting = 'pg_catalog' WHERE name = 'search_path'",
+        ),
+    ];
+    let pool = pool();
+    let before: String = pool
+        .query_one("SHOW search_path", &[])
+        .await
+        .unwrap()
+        .get(0);
+    for (setup, sql) in cases {
+        // The control: on a connection of its own it does change the path.
+        let plain = connect(&database_url()).await.unwrap();
+        if !setup.is_empty() {
+            plain.batch_execute(setup).await.unwrap();
+        }
+        plain.batch_execute(sql).await.unwrap();
+        assert_eq!(search_path(&plain).await, "pg_catalog", "control: {sql:?}");
+        // The shared path refuses it.
+        let err = pool.execute(sql, &[]).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotAllowedOnShared, "{sql:?}: {err}");
+        let after: String = pool
+            .query_one("SHOW search_path", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(after, before, "{sql:?}");
+    }
+}
+
+/// What no reset undoes is refused on the shared path: `setseed` (the next
+/// task's `random()` would be predictable: shown on a plain connection)
+/// and `LOAD`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_no_reset_undoes_is_refused() {
+    // The control: after setseed and DISCARD ALL the sequence is the seeded
+    // one, the same in two sessions.
+    let mut draws = Vec::new();
+    for _ in 0..2 {
+        let client = connect(&database_url()).await.unwrap();
+        client.batch_execute("SELECT setseed(0.25)").await.unwrap();
+        client.batch_execute("DISCARD ALL").await.unwrap();
+        draws.push(
+            client
+                .query_one("SELECT random()", &[])
+                .await
+                .unwrap()
+                .get::<_, f64>(0),
+        );
+    }
+    assert_eq!(draws[0], draws[1], "control: DISCARD ALL keeps the seed");
+    let pool = pool();
+    for sql in ["SELECT setseed(0.25)", "LOAD 'auto_explain'"] {
+        let err = pool.execute(sql, &[]).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NotAllowedOnShared, "{sql}: {err}");
+    }
+}
