@@ -12,17 +12,10 @@ use std::time::{Duration, Instant};
 
 use pgpipe::{Executor, Pool, Pooler};
 use pgpipe_proxy::Proxy;
-use pgpipe_test_support::{Pgbouncer, database_url};
+use pgpipe_test_support::Pgbouncer;
 
-/// `host:port` of the test server.
 fn upstream() -> String {
-    let config: pgpipe::tokio_postgres::Config = database_url().parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
+    super::support::server_addr()
 }
 
 /// PgBouncer in transaction mode with two servers, and a splitting proxy

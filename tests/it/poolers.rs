@@ -7,17 +7,10 @@
 use std::time::{Duration, Instant};
 
 use pgpipe::{ErrorKind, Executor, Pool, Pooler, Prepare};
-use pgpipe_test_support::{Cluster, Pgbouncer, Pgpool, database_url, unique};
+use pgpipe_test_support::{Cluster, Pgbouncer, Pgpool, unique};
 
-/// `host:port` of the test server, for PgBouncer to forward to.
 fn upstream() -> String {
-    let config: pgpipe::tokio_postgres::Config = database_url().parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
+    super::support::server_addr()
 }
 
 /// A PgBouncer in `mode` with two server connections, or `None` (skipped,

@@ -281,3 +281,15 @@ pub(crate) async fn assert_reads_in_step(pool: &Pool, n: i64) {
         assert_eq!(row.get::<_, i64>(0), i);
     }
 }
+
+/// `host:port` of the test server, for a pooler to forward to.
+pub(crate) fn server_addr() -> String {
+    let config: pgpipe::tokio_postgres::Config =
+        pgpipe_test_support::database_url().parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}

@@ -210,25 +210,32 @@ pub(crate) async fn describe_here(
         .prepare(sql)
         .await
         .map_err(|e| Error::from_query(e, client.is_closed()))?;
-    let custom = custom_type(&statement);
-    let types: Arc<[Type]> = statement.params().into();
-    // Its Close goes out now, inside the transaction.
-    drop(statement);
-    match custom {
-        None => Ok(types),
-        Some(ty) => {
-            state.closing(CloseReason::ResetFailed);
-            Err(Error::new(
-                ErrorKind::NotSupported,
-                format!(
-                    "the statement uses type {ty}, which is not PostgreSQL's own; with unnamed \
-                     statements (through a transaction pooler) only built-in types work: cast \
-                     it to text (`$1::text::{ty}`, `SELECT col::text`); nothing was run, and \
-                     the connection is closed when it comes back"
-                ),
-            ))
-        }
+    types_of(statement).map_err(|ty| {
+        state.closing(CloseReason::ResetFailed);
+        not_ours(&ty, "; the connection is closed when it comes back")
+    })
+}
+
+/// The parameter types of a statement just prepared, or the first type
+/// that is not PostgreSQL's own. The statement is dropped, so its Close
+/// goes out now (inside the transaction it was prepared in).
+fn types_of(statement: Statement) -> Result<Arc<[Type]>, Type> {
+    match custom_type(&statement) {
+        None => Ok(statement.params().into()),
+        Some(ty) => Err(ty),
     }
+}
+
+/// Why a statement with type `ty` is refused with unnamed statements.
+fn not_ours(ty: &Type, and_then: &str) -> Error {
+    Error::new(
+        ErrorKind::NotSupported,
+        format!(
+            "the statement uses type {ty}, which is not PostgreSQL's own; with unnamed \
+             statements (through a transaction pooler) only built-in types work: cast it to \
+             text (`$1::text::{ty}`, `SELECT col::text`); nothing was run{and_then}"
+        ),
+    )
 }
 
 /// Prepares, describes and closes `sql` inside `BEGIN … ROLLBACK`.
@@ -239,33 +246,19 @@ async fn describe_in_transaction(client: &Client, sql: &str) -> Result<Arc<[Type
     };
     client.batch_execute("BEGIN").await.map_err(failed)?;
     let outcome = match client.prepare(sql).await {
-        Ok(statement) => {
-            let custom = custom_type(&statement);
-            let types: Arc<[Type]> = statement.params().into();
-            // Its Close goes out now, inside the transaction.
-            drop(statement);
-            match custom {
-                None => Ok(types),
-                Some(ty) => {
-                    // tokio-postgres' own lookups of the type: named
-                    // statements, cached on this client. Gone from the
-                    // server here, and with the client when it closes.
-                    let _ = client.batch_execute("DEALLOCATE ALL").await;
-                    Err(Failure {
-                        error: Error::new(
-                            ErrorKind::NotSupported,
-                            format!(
-                                "the statement uses type {ty}, which is not PostgreSQL's own; \
-                                 with unnamed statements (through a transaction pooler) only \
-                                 built-in types work: cast it to text (`$1::text::{ty}`, \
-                                 `SELECT col::text`); nothing was run"
-                            ),
-                        ),
-                        retire: true,
-                    })
-                }
+        Ok(statement) => match types_of(statement) {
+            Ok(types) => Ok(types),
+            Err(ty) => {
+                // tokio-postgres' own lookups of the type: named
+                // statements, cached on this client. Gone from the server
+                // here, and with the client when it closes.
+                let _ = client.batch_execute("DEALLOCATE ALL").await;
+                Err(Failure {
+                    error: not_ours(&ty, ""),
+                    retire: true,
+                })
             }
-        }
+        },
         Err(e) => Err(Failure {
             error: Error::from_query(e, client.is_closed()),
             retire: false,
