@@ -9,6 +9,7 @@ mod correctness;
 mod dashboards;
 mod executor;
 mod faults;
+mod guard_catalog;
 mod guard_lexical;
 mod hol;
 mod hygiene;

@@ -18,6 +18,10 @@ async fn two_hundred_tasks_missing_one_sql_prepare_it_once() {
         .unwrap();
     let marker = unique("never_seen");
     let sql = format!("SELECT $1::int8 + 0 AS {marker}");
+    // The lane's first use reads the catalog (a statement of the pool's
+    // own): before the count starts.
+    pool.query("SELECT 1", &[]).await.unwrap();
+    let parses_before = proxy.stats().upstream.parses;
     let mut handles = Vec::new();
     for i in 0..200i64 {
         let (pool, sql) = (pool.clone(), sql.clone());
@@ -29,7 +33,11 @@ async fn two_hundred_tasks_missing_one_sql_prepare_it_once() {
     for handle in handles {
         handle.await.unwrap();
     }
-    assert_eq!(proxy.stats().upstream.parses, 1, "one Parse on the wire");
+    assert_eq!(
+        proxy.stats().upstream.parses - parses_before,
+        1,
+        "one Parse on the wire"
+    );
     // And one statement in that session, counted by the session itself.
     let count: i64 = pool
         .query_one(

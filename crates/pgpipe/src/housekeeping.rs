@@ -34,6 +34,9 @@ async fn run(pool: Weak<PoolInner>) {
         }
         let wire = pool.wire();
         let tick = wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
+        if tick % crate::catalog::REFRESH_TICKS == 0 {
+            tokio::spawn(crate::catalog::refresh(Arc::clone(&pool)));
+        }
         let rotate = tick % WINDOW_TICKS == 0;
         if rotate {
             wire.rtt.rotate();

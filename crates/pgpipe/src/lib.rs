@@ -34,6 +34,7 @@
 mod answer;
 mod batch;
 mod builder;
+mod catalog;
 mod config;
 mod conn;
 mod error;

@@ -120,11 +120,15 @@ async fn run_unobserved(
     slow: bool,
     watch: Watch<'_>,
 ) -> Result<Answer, Error> {
-    let code = sql_guard::check(sql)?;
+    let mut code = sql_guard::check(sql, &pool.wire().catalog())?;
     if pool.is_closed() {
         return Err(Error::closed());
     }
     housekeeping::start(pool);
+    if !pool.wire().catalog_tried() {
+        crate::catalog::ready(pool).await;
+        code = sql_guard::check(sql, &pool.wire().catalog())?;
+    }
     let clean = needs_cleanup(pool, code);
     if !pool.config().pipelining {
         let conn = pool.checkout(Holder::Pool).await;
@@ -134,6 +138,29 @@ async fn run_unobserved(
         return run::run_alone(target, sql, params, op, pool.run_settings(), clean).await;
     }
     run_shared(pool, sql, params, op, slow, clean, watch).await
+}
+
+/// Runs SQL of the pool's own that reads only the catalog with built-in
+/// functions: no guard, no cleanup, no wait for the catalog (it is the
+/// query that learns it).
+pub(crate) async fn run_internal(pool: &Arc<PoolInner>, sql: &str) -> Result<Answer, Error> {
+    if !pool.config().pipelining {
+        let conn = pool.checkout(Holder::Pool).await?;
+        let target = conn.pg_conn().target();
+        let settings = pool.run_settings();
+        return run::run_alone(target, sql, &[], Op::Query, settings, false).await;
+    }
+    #[cfg(feature = "tracing")]
+    let span = tracing::Span::none();
+    #[cfg(feature = "tracing")]
+    let trace = Trace::new(&span);
+    #[cfg(not(feature = "tracing"))]
+    let trace = Trace::new();
+    let watch = Watch {
+        waiting: None,
+        trace,
+    };
+    run_shared(pool, sql, &[], Op::Query, false, false, watch).await
 }
 
 /// Whether the session is cleaned right behind this query (see

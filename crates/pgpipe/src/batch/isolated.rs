@@ -25,12 +25,13 @@ const SKIPPED_RETRIES: u32 = 16;
 impl Batch<'_> {
     pub(super) async fn run_isolated(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
         let mut clean = false;
+        let catalog = inner.wire().catalog();
         let mut results: Vec<Option<Result<Answer, Error>>> = self
             .items
             .iter()
             .map(|item| {
-                let checked =
-                    params::check_sql_size(item.sql).and_then(|()| sql_guard::check(item.sql));
+                let checked = params::check_sql_size(item.sql)
+                    .and_then(|()| sql_guard::check(item.sql, &catalog));
                 match checked {
                     Ok(code) => {
                         clean |= query::needs_cleanup(inner, code);

@@ -215,6 +215,8 @@ impl<'a> Batch<'a> {
 
     /// Runs the batch on one lane.
     async fn run_on(&self, lane: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+        // Items are judged by what the database's catalog holds.
+        crate::catalog::ready(lane).await;
         let run = async {
             if self.atomic {
                 self.run_atomic(lane).await

@@ -53,9 +53,10 @@ impl Batch<'_> {
     /// Whether an item may leave session state behind: session SQL, or code
     /// the guard cannot read.
     pub(super) fn needs_cleanup(&self, inner: &PoolInner) -> bool {
+        let catalog = inner.wire().catalog();
         self.items
             .iter()
-            .any(|item| match sql_guard::check(item.sql) {
+            .any(|item| match sql_guard::check(item.sql, &catalog) {
                 Ok(code) => query::needs_cleanup(inner, code),
                 Err(_) => true,
             })

@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
+use arc_swap::ArcSwap;
+
 use super::state::ConnState;
 use crate::metrics::Metrics;
+use crate::protocol::catalog::Catalog;
 use crate::protocol::rtt::RttFilter;
 use crate::sync::lock;
 
@@ -25,6 +28,16 @@ pub(crate) struct PoolWire {
     /// Wakes the pool's host monitor when a connection sees its host's
     /// role change.
     role_signal: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// Which names reach user code in the database, as last learned (see
+    /// [`catalog`](crate::catalog)); the guard and the tap read it.
+    catalog: ArcSwap<Catalog>,
+    /// Bumped whenever the catalog learned differs from the one before.
+    catalog_generation: AtomicU64,
+    /// One load of the catalog at a time; held while it runs.
+    pub(crate) catalog_loading: tokio::sync::Mutex<()>,
+    /// A first load was tried (done, or failed): queries stop waiting for
+    /// one.
+    catalog_tried: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -53,6 +66,40 @@ impl PoolWire {
     pub(crate) fn role_changed(&self) {
         if let Some(signal) = self.role_signal.get() {
             signal.notify_one();
+        }
+    }
+
+    /// The catalog as last learned.
+    pub(crate) fn catalog(&self) -> arc_swap::Guard<Arc<Catalog>> {
+        self.catalog.load()
+    }
+
+    /// Whether a first load of the catalog was tried.
+    pub(crate) fn catalog_tried(&self) -> bool {
+        self.catalog_tried.load(Ordering::Acquire)
+    }
+
+    /// A load of the catalog was tried.
+    pub(crate) fn tried_catalog(&self) {
+        self.catalog_tried.store(true, Ordering::Release);
+    }
+
+    /// The catalog as last learned, to keep.
+    pub(crate) fn catalog_full(&self) -> Arc<Catalog> {
+        self.catalog.load_full()
+    }
+
+    /// How many times the catalog learned has changed.
+    pub(crate) fn catalog_generation(&self) -> u64 {
+        self.catalog_generation.load(Ordering::Acquire)
+    }
+
+    /// Keeps what was learned of the catalog; a change bumps the
+    /// generation.
+    pub(crate) fn set_catalog(&self, catalog: Catalog) {
+        if **self.catalog.load() != catalog {
+            self.catalog.store(Arc::new(catalog));
+            self.catalog_generation.fetch_add(1, Ordering::AcqRel);
         }
     }
 

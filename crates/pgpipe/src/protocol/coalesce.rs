@@ -227,6 +227,10 @@ pub(crate) struct Coalescer {
     /// group ([`groupable`](super::sql_guard::groupable)), learned from
     /// their `Parse` and forgotten at their `Close`.
     groupable: rustc_hash::FxHashSet<Box<[u8]>>,
+    /// What the database's catalog says reaches user code, and its
+    /// generation: when it changes, what was learned from it is forgotten
+    /// (those statements keep a `Sync` of their own from then on).
+    catalog: (std::sync::Arc<super::catalog::Catalog>, u64),
     /// Server bytes not yet passed on (a message not yet whole), from
     /// stream offset `emitted`.
     carry: Vec<u8>,
@@ -245,6 +249,19 @@ impl Coalescer {
 
     pub(crate) fn is_armed(&self) -> bool {
         self.armed
+    }
+
+    /// The catalog's `generation`, and a way to read it if that is new:
+    /// statements learned groupable under an older one are forgotten.
+    pub(crate) fn use_catalog(
+        &mut self,
+        generation: u64,
+        catalog: impl FnOnce() -> std::sync::Arc<super::catalog::Catalog>,
+    ) {
+        if self.catalog.1 != generation {
+            self.groupable.clear();
+            self.catalog = (catalog(), generation);
+        }
     }
 
     /// Copies one write into `out`, dropping the `Sync`s that may be
@@ -347,8 +364,9 @@ impl Coalescer {
         let Some((sql, _)) = cstring(rest) else {
             return;
         };
-        let groupable =
-            !name.is_empty() && std::str::from_utf8(sql).is_ok_and(super::sql_guard::groupable);
+        let catalog = &self.catalog.0;
+        let groupable = !name.is_empty()
+            && std::str::from_utf8(sql).is_ok_and(|sql| super::sql_guard::groupable(sql, catalog));
         if groupable {
             if self.groupable.len() >= MAX_NAMES {
                 self.groupable.clear();
@@ -662,6 +680,9 @@ mod tests {
         // Close forgets.
         let mut c = Coalescer::default();
         c.arm();
+        c.use_catalog(1, || {
+            std::sync::Arc::new(super::super::catalog::Catalog::empty())
+        });
         let mut out = Vec::new();
         let prepares = [
             parse("s1", "SELECT $1::int8"),

@@ -9,9 +9,12 @@
 //! - [`coalesce`]: read groups, one `Sync` for the reads of one write on a
 //!   read lane's shared connection, rewritten inside the tap.
 //! - [`rtt`]: the round-trip estimate from solitary round trips.
+//! - [`catalog`]: which names reach user code in a database, learned from
+//!   its catalog.
 //! - [`sql_guard`]: the lexer-based guard that refuses session SQL on the
 //!   shared path.
 
+pub(crate) mod catalog;
 pub(crate) mod coalesce;
 pub(crate) mod framer;
 mod gate;

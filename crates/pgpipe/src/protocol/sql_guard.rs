@@ -38,6 +38,7 @@
 //! `ParameterStatus` after start-up, is quarantined at once (see
 //! [`tap`](super::tap)).
 
+use super::catalog::Catalog;
 use super::known_code::runs_unknown_code;
 use super::lexer::{Lexer, Token};
 use crate::error::{Error, ErrorKind};
@@ -53,8 +54,12 @@ pub(crate) enum Code {
 }
 
 /// Refuses SQL that would change session state; see the module docs.
-pub(crate) fn check(sql: &str) -> Result<Code, Error> {
-    scan(sql, refused).map_err(refusal)
+///
+/// What runs user code is a fact of the database: `catalog` says which
+/// names reach it (see [`catalog`](super::catalog)); before it is known,
+/// everything counts as code the guard cannot read.
+pub(crate) fn check(sql: &str, catalog: &Catalog) -> Result<Code, Error> {
+    scan(sql, refused, Some(catalog)).map_err(refusal)
 }
 
 /// Whether a query may share a read group's transaction with its
@@ -65,7 +70,7 @@ pub(crate) fn check(sql: &str) -> Result<Code, Error> {
 /// `NOTIFY`). Anything else keeps a transaction of its own. Conservative: a
 /// word that merely looks like one of these (a column named `set`) keeps
 /// its query out of groups, which costs a `Sync`, never correctness.
-pub(crate) fn groupable(sql: &str) -> bool {
+pub(crate) fn groupable(sql: &str, catalog: &Catalog) -> bool {
     const BREAKERS: [&str; 12] = [
         "set",
         "set_config",
@@ -81,7 +86,7 @@ pub(crate) fn groupable(sql: &str) -> bool {
         "pg_try_advisory_xact_lock",
         "pg_try_advisory_xact_lock_shared",
     ];
-    if !matches!(check(sql), Ok(Code::Known)) {
+    if !matches!(check(sql, catalog), Ok(Code::Known)) {
         return false;
     }
     !lexers(sql).any(|mut tokens| {
@@ -96,7 +101,7 @@ pub(crate) fn groupable(sql: &str) -> bool {
 /// item of an atomic batch, which runs the transaction itself: a `COMMIT`
 /// there would end it early and leave the rest of the batch outside it.
 pub(crate) fn check_in_atomic_batch(sql: &str) -> Result<(), Error> {
-    match scan(sql, refused_in_atomic_batch) {
+    match scan(sql, refused_in_atomic_batch, None) {
         Err("COPY") => Err(Error::new(
             ErrorKind::NotAllowedInBatch,
             "COPY in an atomic batch: it streams data the batch does not carry; use \
@@ -120,7 +125,7 @@ pub(crate) fn check_in_atomic_batch(sql: &str) -> Result<(), Error> {
 /// and what lives only as long as a transaction (row locks, cursors), are
 /// allowed.
 pub(crate) fn check_through_transaction_pooler(sql: &str) -> Result<(), Error> {
-    match scan(sql, refused_without_session) {
+    match scan(sql, refused_without_session, None) {
         Ok(_) => Ok(()),
         Err(what) => Err(Error::new(
             ErrorKind::NotSupported,
@@ -180,18 +185,31 @@ pub(crate) fn check_not_copy(sql: &str) -> Result<(), Error> {
 /// backslash is read both ways a session may read its plain strings
 /// (`standard_conforming_strings` on and off), and the stricter verdict
 /// holds: the guard never needs to know the session's setting.
-fn scan(sql: &str, refuse: fn(&[Token<'_>]) -> Option<&'static str>) -> Result<Code, &'static str> {
-    if plainly_harmless(sql.as_bytes()) {
+fn scan(
+    sql: &str,
+    refuse: fn(&[Token<'_>]) -> Option<&'static str>,
+    catalog: Option<&Catalog>,
+) -> Result<Code, &'static str> {
+    if plainly_harmless(sql.as_bytes()) && catalog.is_none_or(Catalog::is_empty) {
         return Ok(Code::Known);
     }
-    let conforming = scan_with(Lexer::new(sql.as_bytes()), refuse)?;
-    if !sql.as_bytes().contains(&b'\\') {
-        return Ok(conforming);
-    }
-    match scan_with(Lexer::backslash_strings(sql.as_bytes()), refuse)? {
-        Code::Known => Ok(conforming),
-        Code::Unknown => Ok(Code::Unknown),
-    }
+    let conforming = scan_with(Lexer::new(sql.as_bytes()), refuse, catalog)?;
+    let code = if sql.as_bytes().contains(&b'\\') {
+        match scan_with(Lexer::backslash_strings(sql.as_bytes()), refuse, catalog)? {
+            Code::Known => conforming,
+            Code::Unknown => Code::Unknown,
+        }
+    } else {
+        conforming
+    };
+    // Not learned yet (or not readable): the strict side.
+    let unknown_by_catalog =
+        catalog.is_some_and(|c| !c.is_loaded() || c.mentions_user_operator(sql.as_bytes()));
+    Ok(if unknown_by_catalog {
+        Code::Unknown
+    } else {
+        code
+    })
 }
 
 /// The lexers a session could read `sql` with (see [`scan`]).
@@ -204,6 +222,7 @@ fn lexers(sql: &str) -> impl Iterator<Item = Lexer<'_>> {
 fn scan_with(
     tokens: Lexer<'_>,
     refuse: fn(&[Token<'_>]) -> Option<&'static str>,
+    catalog: Option<&Catalog>,
 ) -> Result<Code, &'static str> {
     let mut statement: Vec<Token<'_>> = Vec::new();
     let mut code = Code::Known;
@@ -212,7 +231,9 @@ fn scan_with(
             if let Some(what) = refuse(&statement) {
                 return Err(what);
             }
-            if runs_unknown_code(&statement) {
+            if runs_unknown_code(&statement)
+                || catalog.is_some_and(|c| c.reaches_user_code(&statement))
+            {
                 code = Code::Unknown;
             }
             statement.clear();
@@ -529,7 +550,12 @@ fn is(word: &[u8], keyword: &str) -> bool {
 
 #[cfg(test)]
 mod groupable_tests {
-    use super::groupable;
+    use super::Catalog;
+
+    /// Against a database with no user code in it.
+    fn groupable(sql: &str) -> bool {
+        super::groupable(sql, &Catalog::empty())
+    }
 
     #[test]
     fn only_plain_reads_share_a_group() {
@@ -560,6 +586,40 @@ mod groupable_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Against a database with no user code in it.
+    fn check(sql: &str) -> Result<Code, Error> {
+        super::check(sql, &Catalog::empty())
+    }
+
+    fn groupable(sql: &str) -> bool {
+        super::groupable(sql, &Catalog::empty())
+    }
+
+    #[test]
+    fn what_the_catalog_says_reaches_user_code_is_unknown_code() {
+        let catalog =
+            Catalog::from_rows([("f", "md5"), ("r", "audited"), ("t", "mood"), ("o", "@@@")]);
+        for sql in [
+            "SELECT md5(1)",
+            "SELECT public.md5($1)",
+            "INSERT INTO audited VALUES (1)",
+            "SELECT * FROM \"Audited\"",
+            "SELECT $1::mood",
+            "SELECT a @@@ b FROM t",
+        ] {
+            assert_eq!(super::check(sql, &catalog).unwrap(), Code::Unknown, "{sql}");
+            assert!(!super::groupable(sql, &catalog), "{sql}");
+        }
+        assert_eq!(
+            super::check("SELECT sha256($1)", &catalog).unwrap(),
+            Code::Known
+        );
+        // Not learned yet: everything is unknown code; refusals still hold.
+        let unknown = Catalog::default();
+        assert_eq!(super::check("SELECT 1", &unknown).unwrap(), Code::Unknown);
+        assert!(super::check("SET search_path TO x", &unknown).is_err());
+    }
 
     /// The guard and the server read the same statement: each of these
     /// hides a session change from a lexer that differs from PostgreSQL's.

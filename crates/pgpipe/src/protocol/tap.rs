@@ -513,7 +513,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TappedStream<S> {
         let probe_start = self.probe_start();
         self.observe_write(buf, probe_start);
         let shared = self.state.is_shared();
-        let groups = self.groups.as_mut().expect("grouping");
+        let this = &mut *self;
+        let groups = this.groups.as_mut().expect("grouping");
+        let pool = &this.pool;
+        groups
+            .rewriter
+            .use_catalog(pool.catalog_generation(), || pool.catalog_full());
         groups.rewriter.outbound(buf, shared, &mut groups.out);
         self.count_groups();
         // Taken whole; written now as far as the socket takes it, the rest

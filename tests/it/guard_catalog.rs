@@ -1,0 +1,171 @@
+//! What runs user code is a fact of the database (#21, resolution by the
+//! catalog). Each case hides a session change inside user code that the
+//! SQL text does not name as a function of its own: an overload of a
+//! builtin's name, an operator, a trigger, a view, a column default, a
+//! domain check. On a plain connection (the positive control) the
+//! statement really moves `search_path`; on the shared path the pool
+//! learned from the catalog that it reaches user code, cleans behind it,
+//! and the next task finds the session as it was.
+
+use std::time::Duration;
+
+use pgpipe::Pool;
+use pgpipe_test_support::{connect, database_url, unique, with_param};
+
+/// A schema of the test's own holding every piece, and the SQL that sets
+/// them up; every function that changes the session moves `search_path`
+/// to `pg_catalog` for good (`set_config(…, false)`).
+fn setup(schema: &str) -> String {
+    let evil = "PERFORM pg_catalog.set_config('search_path', 'pg_catalog', false)";
+    format!(
+        "CREATE SCHEMA {schema};
+         CREATE FUNCTION {schema}.md5(integer) RETURNS text LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN 'x'; END $$;
+         CREATE FUNCTION {schema}.evil_eq(integer, integer) RETURNS boolean LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN $1 = $2; END $$;
+         CREATE OPERATOR {schema}.=== (LEFTARG = integer, RIGHTARG = integer,
+             FUNCTION = {schema}.evil_eq);
+         CREATE FUNCTION {schema}.evil_int() RETURNS integer LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN 1; END $$;
+         CREATE FUNCTION {schema}.evil_trigger() RETURNS trigger LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN NEW; END $$;
+         CREATE FUNCTION {schema}.evil_check(integer) RETURNS boolean LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN true; END $$;
+         CREATE TABLE {schema}.audited (id integer);
+         CREATE TRIGGER audit BEFORE INSERT ON {schema}.audited
+             FOR EACH ROW EXECUTE FUNCTION {schema}.evil_trigger();
+         CREATE VIEW {schema}.innocent AS SELECT {schema}.evil_int() AS id;
+         CREATE TABLE {schema}.defaulted (id integer DEFAULT {schema}.evil_int());
+         CREATE DOMAIN {schema}.checked AS integer CHECK ({schema}.evil_check(VALUE));
+         CREATE TABLE {schema}.typed (id {schema}.checked);"
+    )
+}
+
+/// The statements, each reaching the user code above without naming a
+/// function of its own (the schema is on the session's `search_path`).
+const CASES: [&str; 6] = [
+    "SELECT md5(1)",
+    "SELECT 1 === 1",
+    "INSERT INTO audited VALUES (1)",
+    "SELECT id FROM innocent",
+    "INSERT INTO defaulted DEFAULT VALUES",
+    "INSERT INTO typed VALUES (1)",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_code_reached_without_naming_it_is_cleaned_behind() {
+    let schema = unique("pgpipe_catalog");
+    let admin = pgpipe_test_support::admin().await;
+    admin.batch_execute(&setup(&schema)).await.unwrap();
+    // The schema first, as a role's or database's search_path would put it.
+    let url = with_param(
+        &database_url(),
+        "options",
+        &format!("-c search_path={schema},public"),
+    );
+    let pool = Pool::builder()
+        .url(&url)
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let path = |rows: Vec<pgpipe::tokio_postgres::Row>| rows[0].get::<_, String>(0);
+    let before = path(pool.query("SHOW search_path", &[]).await.unwrap());
+    assert!(before.starts_with(&schema), "{before}");
+    let mut leaked = Vec::new();
+    for sql in CASES {
+        // The control: on a connection of its own it moves the path.
+        let plain = connect(&url).await.unwrap();
+        plain.batch_execute(sql).await.unwrap();
+        let moved: String = plain
+            .query_one("SHOW search_path", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(moved, "pg_catalog", "control: {sql}");
+        // Through the pool: it runs, and the next task's query (50 ms
+        // later, as another request would) finds the path as it was.
+        pool.execute(sql, &[]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let after = path(pool.query("SHOW search_path", &[]).await.unwrap());
+        if after != before {
+            leaked.push(sql);
+            // Put it back for the next case.
+            pool.get()
+                .await
+                .unwrap()
+                .batch_execute("RESET search_path")
+                .await
+                .unwrap();
+        }
+    }
+    assert!(
+        leaked.is_empty(),
+        "these left the session changed: {leaked:?}"
+    );
+    pool.close_and_wait(Duration::from_secs(5)).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
+
+/// A transaction-local setting made by user code under a builtin's name
+/// (`md5`, overloaded for `integer`) never reaches a neighbour in its read group: the catalog keeps
+/// the statement out of groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_code_under_a_builtins_name_never_shares_a_read_group() {
+    let schema = unique("pgpipe_catalog_group");
+    let admin = pgpipe_test_support::admin().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE FUNCTION {schema}.md5(integer) RETURNS text LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM pg_catalog.set_config('pgpipe.tenant', 'leak', true);
+                 RETURN 'x'; END $$;"
+        ))
+        .await
+        .unwrap();
+    let url = with_param(
+        &database_url(),
+        "options",
+        &format!("-c search_path={schema},public"),
+    );
+    let pool = Pool::builder()
+        .url(&url)
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    pool.read().query("SELECT 1", &[]).await.unwrap();
+    let mut leaked = 0;
+    for _ in 0..40 {
+        let tasks: Vec<_> = (0..30)
+            .map(|i| {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    if i % 10 == 0 {
+                        pool.read()
+                            .query("SELECT md5($1::int4)", &[&1i32])
+                            .await
+                            .map(|_| false)
+                    } else {
+                        pool.read()
+                            .query_one("SELECT current_setting('pgpipe.tenant', true)", &[])
+                            .await
+                            .map(|row| row.get::<_, Option<String>>(0).as_deref() == Some("leak"))
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            leaked += u32::from(task.await.unwrap().unwrap());
+        }
+    }
+    assert_eq!(leaked, 0, "a neighbour saw what user code set in its group");
+    pool.close_and_wait(Duration::from_secs(5)).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}
