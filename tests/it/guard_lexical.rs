@@ -4,7 +4,7 @@
 //! before anything is sent. A disguise the guard misread would have run on
 //! a connection other tasks share.
 
-use pgpipe::{ErrorKind, Pool};
+use pgpipe::{ErrorKind, Executor, Pool};
 use pgpipe_test_support::{connect, database_url};
 
 async fn search_path(client: &pgpipe::tokio_postgres::Client) -> String {
@@ -92,4 +92,31 @@ async fn state_no_reset_undoes_is_refused() {
         let err = pool.execute(sql, &[]).await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::NotAllowedOnShared, "{sql}: {err}");
     }
+}
+
+/// On a connection checked out with `get()`, what no reset undoes runs,
+/// and the connection is closed when it comes back instead of being reset
+/// and handed to the next user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exclusive_session_that_did_what_no_reset_undoes_is_closed() {
+    let pool = Pool::builder()
+        .url(&database_url())
+        .max_size(1)
+        .build()
+        .unwrap();
+    let backend = |rows: Vec<pgpipe::tokio_postgres::Row>| rows[0].get::<_, i32>(0);
+    let conn = pool.get().await.unwrap();
+    let first = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+    drop(conn);
+    // The control: a plain checkout comes back to the same session.
+    let conn = pool.get().await.unwrap();
+    assert_eq!(
+        backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap()),
+        first
+    );
+    conn.execute("SELECT setseed(0.25)", &[]).await.unwrap();
+    drop(conn);
+    let conn = pool.get().await.unwrap();
+    let next = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+    assert_ne!(next, first, "the seeded session was handed on");
 }

@@ -116,6 +116,13 @@ pub(crate) struct Catalog {
     names: FxHashSet<Box<[u8]>>,
     /// User-defined operators' symbols.
     operators: Vec<Box<[u8]>>,
+    /// Filters that let most words of a statement skip the set: bit `n`
+    /// of `lengths` is set when a name is `n` bytes long (63 for longer),
+    /// bit `b` of `firsts` when one starts with byte `b` (lower case).
+    lengths: u64,
+    firsts: [u64; 4],
+    /// Bit `b` set when an operator starts with byte `b`.
+    operator_firsts: [u64; 4],
 }
 
 impl Catalog {
@@ -129,14 +136,22 @@ impl Catalog {
             match kind {
                 "o" => catalog.operators.push(name.as_bytes().into()),
                 _ => {
-                    catalog
-                        .names
-                        .insert(name.to_ascii_lowercase().into_bytes().into());
+                    let name = name.to_ascii_lowercase().into_bytes();
+                    if let Some(&first) = name.first() {
+                        catalog.lengths |= 1 << name.len().min(63);
+                        catalog.firsts[usize::from(first >> 6)] |= 1 << (first & 63);
+                    }
+                    catalog.names.insert(name.into());
                 }
             }
         }
         catalog.operators.sort();
         catalog.operators.dedup();
+        for op in &catalog.operators {
+            if let Some(&first) = op.first() {
+                catalog.operator_firsts[usize::from(first >> 6)] |= 1 << (first & 63);
+            }
+        }
         catalog
     }
 
@@ -162,13 +177,20 @@ impl Catalog {
     }
 
     /// Whether nothing in the database reaches user code by name.
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.loaded && self.names.is_empty() && self.operators.is_empty()
     }
 
     /// Whether `word` (a name in a statement, any case) may reach user code.
     pub(crate) fn names_user_code(&self, word: &[u8]) -> bool {
-        if self.names.is_empty() {
+        let Some(&first) = word.first() else {
+            return false;
+        };
+        let first = first.to_ascii_lowercase();
+        if self.lengths & (1 << word.len().min(63)) == 0
+            || self.firsts[usize::from(first >> 6)] & (1 << (first & 63)) == 0
+        {
             return false;
         }
         let mut lower = [0u8; 64];
@@ -187,14 +209,56 @@ impl Catalog {
         }
     }
 
+    /// Whether any identifier-like run of bytes in `sql` (in a literal or a
+    /// comment too: erring one way only) names user code: the check for
+    /// statements the guard's fast path passes, without lexing them.
+    pub(crate) fn any_word_names_user_code(&self, sql: &[u8]) -> bool {
+        if self.names.is_empty() {
+            return false;
+        }
+        let (mut i, n) = (0, sql.len());
+        while i < n {
+            if !IDENT[usize::from(sql[i])] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < n && IDENT[usize::from(sql[i])] {
+                i += 1;
+            }
+            if self.names_user_code(&sql[start..i]) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Whether `sql` may use a user-defined operator: its symbol appears
     /// anywhere in the text (in a literal too: erring one way only).
     pub(crate) fn mentions_user_operator(&self, sql: &[u8]) -> bool {
-        self.operators
-            .iter()
-            .any(|op| sql.windows(op.len()).any(|w| w == &**op))
+        if self.operators.is_empty() {
+            return false;
+        }
+        (0..sql.len()).any(|i| {
+            let c = sql[i];
+            self.operator_firsts[usize::from(c >> 6)] & (1 << (c & 63)) != 0
+                && self.operators.iter().any(|op| sql[i..].starts_with(op))
+        })
     }
 }
+
+/// Bytes that may stand in an identifier: letters, digits, `_`, and every
+/// byte from 0x80 (PostgreSQL's `ident_cont` without `$`).
+static IDENT: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        table[c] = b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
+        c += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -207,6 +271,8 @@ mod tests {
         assert!(catalog.names_user_code(b"audited"));
         assert!(!catalog.names_user_code(b"sha256"));
         assert!(catalog.mentions_user_operator(b"SELECT a === b"));
+        assert!(catalog.any_word_names_user_code(b"SELECT * FROM \"Audited\" -- x"));
+        assert!(!catalog.any_word_names_user_code(b"SELECT $1::int8"));
         assert!(!catalog.mentions_user_operator(b"SELECT a == b"));
         assert!(catalog.is_loaded() && !catalog.is_empty());
         assert!(!Catalog::default().is_loaded());

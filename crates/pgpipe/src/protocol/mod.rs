@@ -19,6 +19,7 @@ pub(crate) mod coalesce;
 pub(crate) mod framer;
 mod gate;
 mod known_code;
+mod lasting;
 mod lexer;
 #[cfg(all(test, feature = "pg-query-check"))]
 mod lexer_diff;

@@ -40,6 +40,7 @@
 
 use super::catalog::Catalog;
 use super::known_code::runs_unknown_code;
+use super::lasting::lasting;
 use super::lexer::{Lexer, Token};
 use crate::error::{Error, ErrorKind};
 
@@ -162,6 +163,26 @@ fn refused_without_session(statement: &[Token<'_>]) -> Option<&'static str> {
     refused(statement).filter(|what| !TRANSACTION_SCOPED.contains(what))
 }
 
+/// Whether `sql` leaves session state that no reset undoes (see
+/// [`lasting`](super::lasting)): on a connection checked out with `get()`
+/// it runs, and the connection is closed when it comes back.
+pub(crate) fn leaves_lasting_state(sql: &str) -> bool {
+    lexers(sql).any(|tokens| {
+        let mut statement = Vec::new();
+        for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
+            if token == Token::Punct(b';') {
+                if lasting(&statement).is_some() {
+                    return true;
+                }
+                statement.clear();
+            } else {
+                statement.push(token);
+            }
+        }
+        false
+    })
+}
+
 /// Refuses `COPY` where only queries can run (the [`Executor`](crate::Executor)
 /// methods of an exclusive connection or a transaction): it streams data
 /// through tokio-postgres' own `copy_in`/`copy_out`.
@@ -190,7 +211,13 @@ fn scan(
     refuse: fn(&[Token<'_>]) -> Option<&'static str>,
     catalog: Option<&Catalog>,
 ) -> Result<Code, &'static str> {
-    if plainly_harmless(sql.as_bytes()) && catalog.is_none_or(Catalog::is_empty) {
+    if plainly_harmless(sql.as_bytes())
+        && catalog.is_none_or(|c| {
+            c.is_loaded()
+                && !c.any_word_names_user_code(sql.as_bytes())
+                && !c.mentions_user_operator(sql.as_bytes())
+        })
+    {
         return Ok(Code::Known);
     }
     let conforming = scan_with(Lexer::new(sql.as_bytes()), refuse, catalog)?;
@@ -338,7 +365,6 @@ const SESSION_FIRST_WORDS: &[&str] = &[
     "listen",
     "unlisten",
     "reset",
-    "load",
 ];
 
 const SESSION_LOCKS: &[&str] = &[
@@ -353,6 +379,9 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
     let opening = statement.iter().find(|t| **t != Token::Punct(b'('));
     if !matches!(opening, None | Some(Token::Word(_))) {
         return Some("a statement that does not start with a keyword");
+    }
+    if let Some(what) = lasting(statement) {
+        return Some(what);
     }
     if statement.contains(&Token::Escaped) {
         return Some("a Unicode-escaped identifier (U&\"…\"; write the name plainly)");
@@ -418,9 +447,6 @@ fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
                 if SESSION_LOCKS.iter().any(|lock| is(w, lock)) {
                     return Some("a session-level advisory lock");
                 }
-                if is(w, "setseed") {
-                    return Some("setseed() (the session's random() sequence; no reset undoes it)");
-                }
             }
             _ => {}
         }
@@ -473,7 +499,6 @@ fn keyword_name(word: &str) -> &'static str {
         "discard" => "DISCARD",
         "listen" => "LISTEN",
         "unlisten" => "UNLISTEN",
-        "load" => "LOAD (a library stays loaded for every later user; no reset undoes it)",
         _ => "RESET",
     }
 }
