@@ -169,3 +169,49 @@ async fn user_code_under_a_builtins_name_never_shares_a_read_group() {
         .await
         .unwrap();
 }
+
+/// Sequence state one task leaves in a shared session (`nextval`, a serial
+/// default) never reaches another task's user code: a function that
+/// returns `lastval()` finds none (on a plain connection, the control, it
+/// returns the other statement's value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_code_never_sees_another_tasks_sequence_state() {
+    let schema = unique("pgpipe_catalog_seq");
+    let admin = pgpipe_test_support::admin().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {schema};
+             CREATE SEQUENCE {schema}.ids;
+             CREATE FUNCTION {schema}.last_id() RETURNS bigint LANGUAGE sql
+                 AS 'SELECT pg_catalog.lastval()';"
+        ))
+        .await
+        .unwrap();
+    let next = format!("SELECT nextval('{schema}.ids')");
+    let last = format!("SELECT {schema}.last_id()");
+    // The control.
+    let plain = connect(&database_url()).await.unwrap();
+    let id: i64 = plain.query_one(&next, &[]).await.unwrap().get(0);
+    let seen: i64 = plain.query_one(&last, &[]).await.unwrap().get(0);
+    assert_eq!(seen, id, "control");
+    let pool = Pool::builder()
+        .url(&database_url())
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    for _ in 0..20 {
+        pool.query(&next, &[]).await.unwrap();
+        let err = pool.query(&last, &[]).await.unwrap_err();
+        assert_eq!(
+            err.code().map(|c| c.code()),
+            Some("55000"),
+            "lastval reached another task's sequence: {err}"
+        );
+    }
+    pool.close_and_wait(Duration::from_secs(5)).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}

@@ -115,6 +115,9 @@ where
             Ok(()) => return,
             Err(why) => failures.push(why),
         }
+        // Let what else runs (the server's own work after a suite, a
+        // build) pass before the next try.
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     }
     panic!("three tries failed: {failures:?}");
 }

@@ -1,6 +1,9 @@
 //! A lane's view of its database's catalog: which names reach user code
-//! ([`Catalog`]), learned from the server when the lane is first used and
-//! every [`REFRESH_TICKS`] housekeeping ticks after (10 s).
+//! ([`Catalog`]), learned from the server when the lane is first used,
+//! every [`REFRESH_TICKS`] housekeeping ticks after (10 s), and at the next
+//! tick (100 ms) after a shared connection showed session state the guard
+//! let through (a quarantine: the server said something the pool did not
+//! expect).
 //!
 //! A query on the pool path waits for the first load (at most
 //! [`FIRST_LOAD_PATIENCE`]) so that it is judged by what the database holds.

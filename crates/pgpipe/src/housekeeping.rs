@@ -34,7 +34,7 @@ async fn run(pool: Weak<PoolInner>) {
         }
         let wire = pool.wire();
         let tick = wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        if tick % crate::catalog::REFRESH_TICKS == 0 {
+        if tick % crate::catalog::REFRESH_TICKS == 0 || wire.take_catalog_suspect() {
             tokio::spawn(crate::catalog::refresh(Arc::clone(&pool)));
         }
         let rotate = tick % WINDOW_TICKS == 0;

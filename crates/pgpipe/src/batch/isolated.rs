@@ -222,9 +222,11 @@ impl Batch<'_> {
         });
         let turns = &target.state.turns;
         if clean {
-            // Behind the last item: see `send_then_clean` in conn/run.rs.
+            // Before the first item and behind the last: see
+            // `send_then_clean` in conn/run.rs.
+            let cleaned = run::both_in_order(sent, run::clean_session(target));
             turns
-                .send(run::both_in_order(sent, run::clean_session(target)))
+                .send(run::both_in_order(run::forget_sequences(target), cleaned))
                 .await;
         } else {
             turns.send(sent).await;

@@ -233,8 +233,24 @@ async fn send_then_clean(
     limits: Limits,
 ) -> Result<Answer, Error> {
     let query = send(target, sql, statement, params, (op, Usable::Check), limits);
-    let (answer, ()) = both_in_order(query, clean_session(target)).await;
+    let cleaned = both_in_order(query, clean_session(target));
+    let ((), (answer, ())) = both_in_order(forget_sequences(target), cleaned).await;
     answer
+}
+
+/// `DISCARD SEQUENCES`, pipelined right before code the guard cannot
+/// read: `lastval()` and `currval()` there see no sequence state another
+/// task left in the shared session (spelled out, they are refused; reached
+/// through user code, this is what stops them).
+pub(crate) async fn forget_sequences(target: Target<'_>) {
+    if target
+        .client
+        .simple_query("DISCARD SEQUENCES")
+        .await
+        .is_err()
+    {
+        target.state.left_dirty(QuarantineReason::Cleanup);
+    }
 }
 
 /// Polls `first` and then `second` on every wake until both are done. A

@@ -38,6 +38,9 @@ pub(crate) struct PoolWire {
     /// A first load was tried (done, or failed): queries stop waiting for
     /// one.
     catalog_tried: std::sync::atomic::AtomicBool,
+    /// A connection showed state the guard did not expect: load the
+    /// catalog again at the next tick.
+    catalog_suspect: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -82,6 +85,17 @@ impl PoolWire {
     /// A load of the catalog was tried.
     pub(crate) fn tried_catalog(&self) {
         self.catalog_tried.store(true, Ordering::Release);
+    }
+
+    /// A shared connection showed session state the guard let through:
+    /// the catalog is loaded again at the next housekeeping tick.
+    pub(crate) fn suspect_catalog(&self) {
+        self.catalog_suspect.store(true, Ordering::Release);
+    }
+
+    /// Whether the catalog was suspected since the last call.
+    pub(crate) fn take_catalog_suspect(&self) -> bool {
+        self.catalog_suspect.swap(false, Ordering::AcqRel)
     }
 
     /// The catalog as last learned, to keep.

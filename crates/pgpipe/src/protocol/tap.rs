@@ -179,6 +179,7 @@ impl<S> TappedStream<S> {
         }
         let state = &self.state;
         let units = &mut self.units;
+        let pool = &self.pool;
         let answered_before = state.readies.load(Ordering::Acquire);
         let (mut readies, mut copy_ins) = (0, 0);
         self.inbound.feed(bytes, |message| match message.kind {
@@ -193,6 +194,9 @@ impl<S> TappedStream<S> {
                 let in_batch = units.inside(answered_before + readies);
                 if status != b'I' && !in_batch {
                     state.quarantine(QuarantineReason::Transaction);
+                    // Something ran that the guard did not expect to: the
+                    // catalog may know more now.
+                    pool.suspect_catalog();
                 }
             }
             // ParameterStatus before the first ReadyForQuery is start-up;
@@ -215,6 +219,7 @@ impl<S> TappedStream<S> {
                 && !units.covers(answered_before + readies + 1) =>
             {
                 state.quarantine(QuarantineReason::SessionState);
+                pool.suspect_catalog();
             }
             _ => {}
         });

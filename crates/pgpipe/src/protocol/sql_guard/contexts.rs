@@ -1,0 +1,123 @@
+//! The guard's checks for the places outside the shared path: items of an
+//! atomic batch, connections behind a transaction pooler, the `Executor`
+//! methods of an exclusive connection (no `COPY`), and what no reset
+//! undoes there.
+
+use super::super::lasting::lasting;
+use super::super::lexer::{Lexer, Token};
+use super::{TRANSACTION_CONTROL, is, keyword_name, lexers, refused, scan};
+use crate::error::{Error, ErrorKind};
+
+/// Refuses transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an
+/// item of an atomic batch, which runs the transaction itself: a `COMMIT`
+/// there would end it early and leave the rest of the batch outside it.
+pub(crate) fn check_in_atomic_batch(sql: &str) -> Result<(), Error> {
+    match scan(sql, refused_in_atomic_batch, None) {
+        Err("COPY") => Err(Error::new(
+            ErrorKind::NotAllowedInBatch,
+            "COPY in an atomic batch: it streams data the batch does not carry; use \
+             copy_in/copy_out on a connection from pool.get() (conn.client())",
+        )),
+        Err(what) => Err(Error::new(
+            ErrorKind::NotAllowedInBatch,
+            format!(
+                "{what} in an atomic batch, which runs its own transaction; \
+                 use pool.get() and a transaction for explicit control"
+            ),
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Refuses session state on a connection behind a transaction pooler,
+/// where the next transaction may run on another server: what a statement
+/// leaves in the session stays on a server that someone else gets, and is
+/// missing from the one this connection gets next. Transaction control,
+/// and what lives only as long as a transaction (row locks, cursors), are
+/// allowed.
+pub(crate) fn check_through_transaction_pooler(sql: &str) -> Result<(), Error> {
+    match scan(sql, refused_without_session, None) {
+        Ok(_) => Ok(()),
+        Err(what) => Err(Error::new(
+            ErrorKind::NotSupported,
+            format!(
+                "{what} changes session state, and through a transaction pooler there is no \
+                 session: the next transaction may run on another server, and this one's \
+                 state would reach whoever gets this server next; use SET LOCAL, \
+                 set_config(…, true) or transaction-level advisory locks inside a \
+                 transaction, or ALTER ROLE … SET; nothing was sent"
+            ),
+        )),
+    }
+}
+
+/// What [`refused`] refuses, except what ends with the transaction.
+fn refused_without_session(statement: &[Token<'_>]) -> Option<&'static str> {
+    const TRANSACTION_SCOPED: &[&str] = &[
+        "BEGIN",
+        "START TRANSACTION",
+        "COMMIT",
+        "END",
+        "ROLLBACK",
+        "ABORT",
+        "SAVEPOINT",
+        "RELEASE SAVEPOINT",
+        "DECLARE (a cursor)",
+        "FETCH (from a cursor)",
+        "MOVE (a cursor)",
+        "CLOSE (a cursor)",
+        "LOCK",
+        "SET TRANSACTION",
+        "SET CONSTRAINTS",
+    ];
+    refused(statement).filter(|what| !TRANSACTION_SCOPED.contains(what))
+}
+
+/// Whether `sql` leaves session state that no reset undoes (see
+/// [`lasting`](super::super::lasting)): on a connection checked out with `get()`
+/// it runs, and the connection is closed when it comes back.
+pub(crate) fn leaves_lasting_state(sql: &str) -> bool {
+    lexers(sql).any(|tokens| {
+        let mut statement = Vec::new();
+        for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
+            if token == Token::Punct(b';') {
+                if lasting(&statement).is_some() {
+                    return true;
+                }
+                statement.clear();
+            } else {
+                statement.push(token);
+            }
+        }
+        false
+    })
+}
+
+/// Refuses `COPY` where only queries can run (the [`Executor`](crate::Executor)
+/// methods of an exclusive connection or a transaction): it streams data
+/// through tokio-postgres' own `copy_in`/`copy_out`.
+pub(crate) fn check_not_copy(sql: &str) -> Result<(), Error> {
+    let first = Lexer::new(sql.as_bytes()).find_map(|t| match t {
+        Token::Word(w) => Some(w),
+        _ => None,
+    });
+    if first.is_some_and(|w| is(w, "copy")) {
+        return Err(Error::new(
+            ErrorKind::NotSupported,
+            "COPY through a query method; use copy_in/copy_out on conn.client() \
+             (tokio-postgres); nothing was sent",
+        ));
+    }
+    Ok(())
+}
+
+fn refused_in_atomic_batch(statement: &[Token<'_>]) -> Option<&'static str> {
+    let Some(Token::Word(first)) = statement.first() else {
+        return None;
+    };
+    TRANSACTION_CONTROL
+        .iter()
+        .chain(&["copy"])
+        .find(|w| is(first, w))
+        .map(|w| keyword_name(w))
+}

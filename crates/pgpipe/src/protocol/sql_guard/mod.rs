@@ -1,0 +1,772 @@
+//! The guard that keeps session state off shared connections.
+//!
+//! Every task whose query runs on a shared connection shares its session. A
+//! `BEGIN` would pull the other tasks' queries into one transaction, a `SET`
+//! would change their settings, a session advisory lock would outlive the
+//! query. So [`check`] refuses such SQL on the shared path, before anything
+//! is sent, with [`ErrorKind::NotAllowedOnShared`].
+//!
+//! What is checked, after skipping comments (`--`, nested `/* */`), string
+//! literals, quoted identifiers and dollar quotes, case-insensitively, in
+//! every `;`-separated statement:
+//!
+//! - statements starting with `BEGIN`, `START`, `COMMIT`, `END`, `ROLLBACK`,
+//!   `ABORT`, `SAVEPOINT`, `RELEASE`, `PREPARE`, `DEALLOCATE`, `DECLARE`,
+//!   `FETCH`, `MOVE`, `CLOSE`, `COPY`, `LOCK`, `DISCARD`, `LISTEN`,
+//!   `UNLISTEN`, `RESET`, and `SET` unless it is `SET LOCAL`;
+//! - `CREATE [OR REPLACE] [GLOBAL|LOCAL] TEMP|TEMPORARY …`;
+//! - `SELECT … INTO [GLOBAL|LOCAL] TEMP|TEMPORARY …` (and `WITH …`, `TABLE …`);
+//! - calls of `set_config(…)` unless the third argument is `true`
+//!   (transaction-local);
+//! - calls of the session-level advisory lock functions `pg_advisory_lock`,
+//!   `pg_advisory_lock_shared`, `pg_try_advisory_lock`,
+//!   `pg_try_advisory_lock_shared` (the `_xact_` variants are fine).
+//!
+//! - statements that do not start with a keyword or `(` (a vertical tab, a
+//!   stray character: PostgreSQL may read them differently than the guard);
+//! - temporary objects named by schema (`pg_temp.orders`), and `EXPLAIN
+//!   ANALYZE` of anything refused here (it runs the statement);
+//! - `UPDATE pg_settings` (a `SET` in disguise);
+//! - `lastval()` and `currval()`, which read a sequence state that another
+//!   task sharing the session may have set.
+//!
+//! What the guard cannot read, it does not vouch for: `DO`, `CALL`, and calls
+//! of functions that are not PostgreSQL's own ([`known_code`](super::known_code)).
+//! [`check`] lets those through as [`Code::Unknown`], and the pool cleans the
+//! session right behind them. The wire backs both: a shared connection whose
+//! `ReadyForQuery` reports a transaction, or that receives a
+//! `ParameterStatus` after start-up, is quarantined at once (see
+//! [`tap`](super::tap)).
+
+mod contexts;
+mod fast_path;
+
+pub(crate) use contexts::{
+    check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, leaves_lasting_state,
+};
+use fast_path::plainly_harmless;
+
+use super::catalog::Catalog;
+use super::known_code::runs_unknown_code;
+use super::lasting::lasting;
+use super::lexer::{Lexer, Token};
+use crate::error::{Error, ErrorKind};
+
+/// What the guard can say of SQL it lets through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Code {
+    /// Statements and built-in functions the guard reads: nothing else runs.
+    Known,
+    /// Code the guard cannot read runs (`DO`, `CALL`, a function that is
+    /// not PostgreSQL's own): clean the session right behind it.
+    Unknown,
+}
+
+/// Refuses SQL that would change session state; see the module docs.
+///
+/// What runs user code is a fact of the database: `catalog` says which
+/// names reach it (see [`catalog`](super::catalog)); before it is known,
+/// everything counts as code the guard cannot read.
+pub(crate) fn check(sql: &str, catalog: &Catalog) -> Result<Code, Error> {
+    scan(sql, refused, Some(catalog)).map_err(refusal)
+}
+
+/// Whether a query may share a read group's transaction with its
+/// neighbours (see [`coalesce`](super::coalesce)): code the guard reads,
+/// with no transaction-scoped effect that a neighbour after it could see,
+/// or that a neighbour's failure could undo after it was reported done
+/// (`SET LOCAL`, `set_config(…, true)`, transaction-level advisory locks,
+/// `NOTIFY`). Anything else keeps a transaction of its own. Conservative: a
+/// word that merely looks like one of these (a column named `set`) keeps
+/// its query out of groups, which costs a `Sync`, never correctness.
+pub(crate) fn groupable(sql: &str, catalog: &Catalog) -> bool {
+    const BREAKERS: [&str; 12] = [
+        "set",
+        "set_config",
+        // The group's transaction id, seen by every later member.
+        "txid_current",
+        "txid_current_if_assigned",
+        "pg_current_xact_id",
+        "pg_current_xact_id_if_assigned",
+        "notify",
+        "pg_notify",
+        "pg_advisory_xact_lock",
+        "pg_advisory_xact_lock_shared",
+        "pg_try_advisory_xact_lock",
+        "pg_try_advisory_xact_lock_shared",
+    ];
+    if !matches!(check(sql, catalog), Ok(Code::Known)) {
+        return false;
+    }
+    !lexers(sql).any(|mut tokens| {
+        tokens.any(|token| match token {
+            Token::Word(word) | Token::Quoted(word) => BREAKERS.iter().any(|b| is(word, b)),
+            _ => false,
+        })
+    })
+}
+
+/// Each `;`-separated statement through `refuse`: the first refusal, or
+/// whether any statement runs code the guard cannot read. SQL with a
+/// backslash is read both ways a session may read its plain strings
+/// (`standard_conforming_strings` on and off), and the stricter verdict
+/// holds: the guard never needs to know the session's setting.
+fn scan(
+    sql: &str,
+    refuse: fn(&[Token<'_>]) -> Option<&'static str>,
+    catalog: Option<&Catalog>,
+) -> Result<Code, &'static str> {
+    if plainly_harmless(sql.as_bytes())
+        && catalog.is_none_or(|c| {
+            c.is_loaded()
+                && !c.any_word_names_user_code(sql.as_bytes())
+                && !c.mentions_user_operator(sql.as_bytes())
+        })
+    {
+        return Ok(Code::Known);
+    }
+    let conforming = scan_with(Lexer::new(sql.as_bytes()), refuse, catalog)?;
+    let code = if sql.as_bytes().contains(&b'\\') {
+        match scan_with(Lexer::backslash_strings(sql.as_bytes()), refuse, catalog)? {
+            Code::Known => conforming,
+            Code::Unknown => Code::Unknown,
+        }
+    } else {
+        conforming
+    };
+    // Not learned yet (or not readable): the strict side.
+    let unknown_by_catalog =
+        catalog.is_some_and(|c| !c.is_loaded() || c.mentions_user_operator(sql.as_bytes()));
+    Ok(if unknown_by_catalog {
+        Code::Unknown
+    } else {
+        code
+    })
+}
+
+/// The lexers a session could read `sql` with (see [`scan`]).
+fn lexers(sql: &str) -> impl Iterator<Item = Lexer<'_>> {
+    let backslashes = sql.as_bytes().contains(&b'\\');
+    std::iter::once(Lexer::new(sql.as_bytes()))
+        .chain(backslashes.then(|| Lexer::backslash_strings(sql.as_bytes())))
+}
+
+fn scan_with(
+    tokens: Lexer<'_>,
+    refuse: fn(&[Token<'_>]) -> Option<&'static str>,
+    catalog: Option<&Catalog>,
+) -> Result<Code, &'static str> {
+    let mut statement: Vec<Token<'_>> = Vec::new();
+    let mut code = Code::Known;
+    for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {
+        if token == Token::Punct(b';') {
+            if let Some(what) = refuse(&statement) {
+                return Err(what);
+            }
+            if runs_unknown_code(&statement)
+                || catalog.is_some_and(|c| c.reaches_user_code(&statement))
+            {
+                code = Code::Unknown;
+            }
+            statement.clear();
+        } else {
+            statement.push(token);
+        }
+    }
+    Ok(code)
+}
+
+const TRANSACTION_CONTROL: &[&str] = &[
+    "begin",
+    "start",
+    "commit",
+    "end",
+    "rollback",
+    "abort",
+    "savepoint",
+    "release",
+    "prepare",
+];
+
+fn refusal(what: &str) -> Error {
+    Error::new(
+        ErrorKind::NotAllowedOnShared,
+        format!(
+            "{what} changes session state, which would leak to every task sharing this \
+             connection; run it on an exclusive connection from `pool.get().await?`"
+        ),
+    )
+}
+
+/// First words of session statements, besides transaction control.
+const SESSION_FIRST_WORDS: &[&str] = &[
+    "deallocate",
+    "declare",
+    "fetch",
+    "move",
+    "close",
+    "copy",
+    "lock",
+    "discard",
+    "listen",
+    "unlisten",
+    "reset",
+];
+
+const SESSION_LOCKS: &[&str] = &[
+    "pg_advisory_lock",
+    "pg_advisory_lock_shared",
+    "pg_try_advisory_lock",
+    "pg_try_advisory_lock_shared",
+];
+
+/// Names what makes one statement (without its `;`) session-changing.
+fn refused(statement: &[Token<'_>]) -> Option<&'static str> {
+    let opening = statement.iter().find(|t| **t != Token::Punct(b'('));
+    if !matches!(opening, None | Some(Token::Word(_))) {
+        return Some("a statement that does not start with a keyword");
+    }
+    if let Some(what) = lasting(statement) {
+        return Some(what);
+    }
+    if statement.contains(&Token::Escaped) {
+        return Some("a Unicode-escaped identifier (U&\"…\"; write the name plainly)");
+    }
+    if let Some(analyzed) = explained(statement) {
+        return refused(analyzed);
+    }
+    for (i, token) in statement.iter().enumerate() {
+        let (Token::Word(w) | Token::Quoted(w)) = token else {
+            continue;
+        };
+        if w.len() >= 7 && is(&w[..7], "pg_temp") {
+            return Some("a temporary object (pg_temp)");
+        }
+        if is(w, "pg_settings")
+            && statement[..i]
+                .iter()
+                .any(|t| matches!(t, Token::Word(u) if is(u, "update")))
+        {
+            return Some("UPDATE pg_settings (a SET in disguise)");
+        }
+        if (is(w, "lastval") || is(w, "currval")) && is_call(&statement[i + 1..]) {
+            return Some("lastval()/currval() (a sequence's state in this session)");
+        }
+    }
+    let words: Vec<&[u8]> = statement
+        .iter()
+        .skip_while(|t| **t == Token::Punct(b'('))
+        .map_while(|t| match t {
+            Token::Word(w) => Some(*w),
+            _ => None,
+        })
+        .collect();
+    let first = *words.first()?;
+    let mut refused_first = TRANSACTION_CONTROL.iter().chain(SESSION_FIRST_WORDS);
+    if let Some(word) = refused_first.find(|w| is(first, w)) {
+        return Some(keyword_name(word));
+    }
+    if is(first, "set") {
+        // Forms that last only as long as the transaction they run in.
+        match words.get(1) {
+            Some(w) if is(w, "local") => {}
+            Some(w) if is(w, "transaction") => return Some("SET TRANSACTION"),
+            Some(w) if is(w, "constraints") => return Some("SET CONSTRAINTS"),
+            _ => return Some("SET (without LOCAL)"),
+        }
+    }
+    if is(first, "create") && creates_temp(&words[1..]) {
+        return Some("CREATE TEMP");
+    }
+    let selects = ["select", "with", "table"].iter().any(|w| is(first, w))
+        || statement.first() == Some(&Token::Punct(b'('));
+    for (i, token) in statement.iter().enumerate() {
+        let rest = &statement[i + 1..];
+        match token {
+            Token::Word(w) if selects && is(w, "into") && into_temp(rest) => {
+                return Some("SELECT … INTO TEMP");
+            }
+            Token::Word(w) | Token::Quoted(w) if is_call(rest) => {
+                if is(w, "set_config") && !third_argument_is_true(rest) {
+                    return Some("set_config(…, false)");
+                }
+                if SESSION_LOCKS.iter().any(|lock| is(w, lock)) {
+                    return Some("a session-level advisory lock");
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The statement an `EXPLAIN` runs (with `ANALYZE`) or plans, after its
+/// options; `None` for anything but `EXPLAIN`.
+fn explained<'s, 't>(statement: &'s [Token<'t>]) -> Option<&'s [Token<'t>]> {
+    const OPTIONS: [&str; 3] = ["analyze", "analyse", "verbose"];
+    let Some(Token::Word(first)) = statement.first() else {
+        return None;
+    };
+    if !is(first, "explain") {
+        return None;
+    }
+    let mut rest = &statement[1..];
+    if rest.first() == Some(&Token::Punct(b'(')) {
+        let close = rest.iter().position(|t| *t == Token::Punct(b')'))?;
+        rest = &rest[close + 1..];
+    }
+    while let Some(Token::Word(w)) = rest.first() {
+        if !OPTIONS.iter().any(|o| is(w, o)) {
+            break;
+        }
+        rest = &rest[1..];
+    }
+    Some(rest)
+}
+
+fn keyword_name(word: &str) -> &'static str {
+    match word {
+        "begin" => "BEGIN",
+        "start" => "START TRANSACTION",
+        "commit" => "COMMIT",
+        "end" => "END",
+        "rollback" => "ROLLBACK",
+        "abort" => "ABORT",
+        "savepoint" => "SAVEPOINT",
+        "release" => "RELEASE SAVEPOINT",
+        "prepare" => "PREPARE",
+        "deallocate" => "DEALLOCATE",
+        "declare" => "DECLARE (a cursor)",
+        "fetch" => "FETCH (from a cursor)",
+        "move" => "MOVE (a cursor)",
+        "close" => "CLOSE (a cursor)",
+        "copy" => "COPY",
+        "lock" => "LOCK",
+        "discard" => "DISCARD",
+        "listen" => "LISTEN",
+        "unlisten" => "UNLISTEN",
+        _ => "RESET",
+    }
+}
+
+fn creates_temp(words: &[&[u8]]) -> bool {
+    let mut rest = words;
+    if rest.len() >= 2 && is(rest[0], "or") && is(rest[1], "replace") {
+        rest = &rest[2..];
+    }
+    if rest
+        .first()
+        .is_some_and(|w| is(w, "global") || is(w, "local"))
+    {
+        rest = &rest[1..];
+    }
+    rest.first()
+        .is_some_and(|w| is(w, "temp") || is(w, "temporary"))
+}
+
+fn into_temp(rest: &[Token<'_>]) -> bool {
+    let mut words = rest.iter().map_while(|t| match t {
+        Token::Word(w) => Some(*w),
+        _ => None,
+    });
+    match words.next() {
+        Some(w) if is(w, "temp") || is(w, "temporary") => true,
+        Some(w) if is(w, "global") || is(w, "local") => words
+            .next()
+            .is_some_and(|w| is(w, "temp") || is(w, "temporary")),
+        _ => false,
+    }
+}
+
+fn is_call(rest: &[Token<'_>]) -> bool {
+    rest.first() == Some(&Token::Punct(b'('))
+}
+
+/// `rest` starts at the `(` of a call: is its third top-level argument the
+/// single word `true`?
+fn third_argument_is_true(rest: &[Token<'_>]) -> bool {
+    let mut depth = 0usize;
+    let mut argument = 0usize;
+    let mut third: Vec<&Token<'_>> = Vec::new();
+    for token in rest {
+        match token {
+            Token::Punct(b'(') => {
+                depth += 1;
+                if depth == 1 {
+                    continue;
+                }
+            }
+            Token::Punct(b')') => {
+                depth -= 1;
+                if depth == 0 {
+                    break;
+                }
+            }
+            Token::Punct(b',') if depth == 1 => {
+                argument += 1;
+                continue;
+            }
+            _ => {}
+        }
+        if argument == 2 {
+            third.push(token);
+        }
+    }
+    matches!(third.as_slice(), [Token::Word(w)] if is(w, "true"))
+}
+
+fn is(word: &[u8], keyword: &str) -> bool {
+    word.eq_ignore_ascii_case(keyword.as_bytes())
+}
+
+#[cfg(test)]
+mod groupable_tests {
+    use super::Catalog;
+
+    /// Against a database with no user code in it.
+    fn groupable(sql: &str) -> bool {
+        super::groupable(sql, &Catalog::empty())
+    }
+
+    #[test]
+    fn only_plain_reads_share_a_group() {
+        for sql in [
+            "SELECT $1::int8",
+            "SELECT id, name FROM products WHERE id = $1",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "SELECT now(), pg_sleep(0)",
+        ] {
+            assert!(groupable(sql), "{sql}");
+        }
+        for sql in [
+            "SET LOCAL statement_timeout = 1",
+            "SELECT set_config('app.tenant', '42', true)",
+            "SELECT pg_advisory_xact_lock(1)",
+            "NOTIFY jobs",
+            "SELECT pg_notify('jobs', 'x')",
+            "UPDATE t SET x = 1",
+            "SELECT my_function(1)",
+            "DO $$ BEGIN END $$",
+            "SELECT \"set_config\"('a.b', 'c', true)",
+        ] {
+            assert!(!groupable(sql), "{sql}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Against a database with no user code in it.
+    fn check(sql: &str) -> Result<Code, Error> {
+        super::check(sql, &Catalog::empty())
+    }
+
+    fn groupable(sql: &str) -> bool {
+        super::groupable(sql, &Catalog::empty())
+    }
+
+    #[test]
+    fn what_the_catalog_says_reaches_user_code_is_unknown_code() {
+        let catalog =
+            Catalog::from_rows([("f", "md5"), ("r", "audited"), ("t", "mood"), ("o", "@@@")]);
+        for sql in [
+            "SELECT md5(1)",
+            "SELECT public.md5($1)",
+            "INSERT INTO audited VALUES (1)",
+            "SELECT * FROM \"Audited\"",
+            "SELECT $1::mood",
+            "SELECT a @@@ b FROM t",
+        ] {
+            assert_eq!(super::check(sql, &catalog).unwrap(), Code::Unknown, "{sql}");
+            assert!(!super::groupable(sql, &catalog), "{sql}");
+        }
+        assert_eq!(
+            super::check("SELECT sha256($1)", &catalog).unwrap(),
+            Code::Known
+        );
+        // Not learned yet: everything is unknown code; refusals still hold.
+        let unknown = Catalog::default();
+        assert_eq!(super::check("SELECT 1", &unknown).unwrap(), Code::Unknown);
+        assert!(super::check("SET search_path TO x", &unknown).is_err());
+    }
+
+    /// The guard and the server read the same statement: each of these
+    /// hides a session change from a lexer that differs from PostgreSQL's.
+    #[test]
+    fn lexical_disguises_are_seen_through() {
+        for sql in [
+            // A `--` comment ends at a carriage return.
+            "-- note\rSET search_path TO pg_catalog",
+            "SELECT 1; -- x\rSELECT set_config('app.tenant', 'a', false)",
+            // With standard_conforming_strings off, `\'` does not end the
+            // string, and the SET runs.
+            "SELECT 'x\\''; SET search_path TO pg_catalog; --'",
+            // U&"pg\005Fsettings" is pg_settings.
+            "UPDATE U&\"pg\\005Fsettings\" SET setting = 'x' WHERE name = 'search_path'",
+            "SELECT 1 FROM U&\"pg!005Ftemp\" UESCAPE '!'.t",
+            // A dollar-quote tag with bytes past ASCII is one string.
+            "SELECT $é$ x $é$; SET search_path TO pg_catalog",
+            // Nothing the cleanup undoes.
+            "SELECT setseed(0.5)",
+            "LOAD 'auto_explain'",
+        ] {
+            assert!(refused(sql), "{sql:?}");
+        }
+        // And plain SQL with the same pieces still runs.
+        for sql in [
+            "SELECT $é$ ; SET search_path TO x $é$",
+            "SELECT 'it''s' -- SET x\n",
+            "SELECT U&\"d\\0061t\\+000061\" FROM t",
+            "SELECT 1.5, .5e3, 0x1F, 1_000, t.x FROM t",
+            "SELECT E'\\'; SET x TO y'",
+        ] {
+            if sql.contains("U&\"") {
+                assert!(refused(sql), "escaped names are not decoded: {sql:?}");
+            } else {
+                assert!(!refused(sql), "{sql:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_transaction_id_keeps_its_query_out_of_read_groups() {
+        for sql in [
+            "SELECT txid_current()",
+            "SELECT pg_current_xact_id()",
+            "SELECT pg_catalog.txid_current_if_assigned()",
+        ] {
+            assert!(!groupable(sql), "{sql}");
+        }
+        assert!(groupable("SELECT now(), id FROM t WHERE id = $1"));
+    }
+
+    #[test]
+    fn transaction_scoped_set_forms_pass_a_transaction_pooler_and_session_ones_do_not() {
+        for sql in [
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "set transaction read only",
+            "SET TRANSACTION SNAPSHOT '00000003-0000001B-1'",
+            "SET CONSTRAINTS ALL DEFERRED",
+            "SET LOCAL search_path TO app",
+        ] {
+            assert!(check_through_transaction_pooler(sql).is_ok(), "{sql}");
+        }
+        for sql in [
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+            "SET search_path TO app",
+            "SET SESSION statement_timeout = 0",
+        ] {
+            assert!(check_through_transaction_pooler(sql).is_err(), "{sql}");
+        }
+        // On the shared path every one of them stays refused.
+        assert!(refused("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE"));
+        assert!(refused("SET CONSTRAINTS ALL DEFERRED"));
+    }
+
+    fn refused(sql: &str) -> bool {
+        match check(sql) {
+            Ok(_) => false,
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::NotAllowedOnShared);
+                assert!(e.to_string().contains("pool.get()"), "{e}");
+                true
+            }
+        }
+    }
+
+    #[test]
+    fn transaction_control_is_refused() {
+        for sql in [
+            "BEGIN",
+            "begin isolation level serializable",
+            "START TRANSACTION",
+            "COMMIT",
+            "end",
+            "ROLLBACK",
+            "abort",
+            "SAVEPOINT a",
+            "RELEASE SAVEPOINT a",
+            "PREPARE TRANSACTION 'x'",
+        ] {
+            assert!(refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn session_statements_are_refused() {
+        for sql in [
+            "SET search_path = x",
+            "set session timezone = 'UTC'",
+            "SET TIME ZONE 'UTC'",
+            "RESET ALL",
+            "LISTEN chan",
+            "UNLISTEN *",
+            "PREPARE p AS SELECT 1",
+            "DEALLOCATE ALL",
+            "DECLARE c CURSOR WITH HOLD FOR SELECT 1",
+            "FETCH 10 FROM c",
+            "COPY t FROM STDIN",
+            "LOCK TABLE t",
+            "DISCARD ALL",
+            "CREATE TEMP TABLE t (a int)",
+            "create temporary table t as select 1",
+            "CREATE GLOBAL TEMPORARY TABLE t (a int)",
+            "CREATE OR REPLACE TEMP VIEW v AS SELECT 1",
+            "SELECT 1 INTO TEMP t",
+            "select * into temporary table t from x",
+            "WITH a AS (SELECT 1) SELECT * INTO LOCAL TEMP t FROM a",
+            "SELECT set_config('search_path', 'x', false)",
+            "select SET_CONFIG('a.b', $1, $2)",
+            "SELECT pg_advisory_lock(1)",
+            "SELECT pg_try_advisory_lock_shared(1, 2)",
+            "SELECT \"pg_advisory_lock\"(1)",
+        ] {
+            assert!(refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn comments_case_and_parentheses_do_not_fool_it() {
+        for sql in [
+            "  -- a comment\n  BEGIN",
+            "/* outer /* nested */ still comment */ SeT x = 1",
+            "/**/begin",
+            "(SELECT 1 INTO TEMP t)",
+            "SELECT 1; BEGIN",
+            "\n\t\tLiStEn x",
+        ] {
+            assert!(refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn ordinary_queries_pass() {
+        for sql in [
+            "SELECT $1::int8",
+            "INSERT INTO t (a) VALUES ($1) RETURNING a",
+            "UPDATE t SET a = 1 WHERE b = 2",
+            "DELETE FROM t",
+            "SET LOCAL statement_timeout = 100",
+            "SELECT set_config('a.b', 'c', true)",
+            "SELECT pg_advisory_xact_lock(1)",
+            "SELECT pg_advisory_unlock_all()",
+            "SELECT 'BEGIN; SET x = 1'",
+            "SELECT $$ BEGIN $$, $tag$ set_config('a','b',false) $tag$",
+            "SELECT E'it\\'s; BEGIN'",
+            "SELECT \"begin\" FROM t",
+            "-- BEGIN\nSELECT 1",
+            "/* SET x = 1 */ SELECT 1",
+            "CREATE TABLE temp_things (a int)",
+            "CREATE UNLOGGED TABLE u (a int)",
+            "INSERT INTO t SELECT * FROM u",
+            "SELECT a INTO STRICT FROM t",
+            "NOTIFY chan",
+            "SHOW search_path",
+            "",
+        ] {
+            assert!(!refused(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn the_fast_path_only_passes_what_the_full_check_passes() {
+        for sql in [
+            "SELECT $1::int8",
+            "select * from t where a = $1",
+            "INSERT INTO t VALUES (1)",
+            "SELECT 1 INTO TEMP t",
+            "SELECT pg_advisory_lock(1)",
+            "SELECT set_config('a', 'b', false)",
+            "SELECT 1; BEGIN",
+            "selectx",
+            "WITH a AS (SELECT 1) SELECT * FROM a",
+        ] {
+            if plainly_harmless(sql.as_bytes()) {
+                assert!(!refused(sql), "{sql}");
+            }
+        }
+        assert!(plainly_harmless(b"  SELECT $1::int8"));
+        assert!(!plainly_harmless(b"/* c */ SELECT 1"));
+        assert!(!plainly_harmless(b"SELECT 1 INTO TEMP t"));
+    }
+
+    #[test]
+    fn atomic_batches_refuse_transaction_control_only() {
+        for sql in [
+            "COMMIT",
+            "  begin",
+            "/* x */ SAVEPOINT a",
+            "SELECT 1; ROLLBACK",
+        ] {
+            assert!(check_in_atomic_batch(sql).is_err(), "{sql}");
+        }
+        for sql in [
+            "SET LOCAL work_mem = '8MB'",
+            "SELECT pg_advisory_xact_lock(1)",
+            "SET x = 1",
+        ] {
+            assert!(check_in_atomic_batch(sql).is_ok(), "{sql}");
+        }
+    }
+
+    #[test]
+    fn unterminated_literals_do_not_panic() {
+        for sql in [
+            "SELECT 'abc",
+            "SELECT \"abc",
+            "SELECT $$abc",
+            "SELECT /* abc",
+            "$",
+            "$1",
+        ] {
+            let _ = check(sql);
+        }
+    }
+
+    #[test]
+    fn session_state_in_disguise_is_refused() {
+        for sql in [
+            "\u{b}SET search_path = x",
+            "\u{b}\u{b}BEGIN",
+            "+SET search_path = x",
+            "UPDATE pg_settings SET setting = 'pg_catalog' WHERE name = 'search_path'",
+            "update pg_catalog.pg_settings set setting = 'x' where name = 'role'",
+            "CREATE TABLE pg_temp.orders (id int)",
+            "SELECT 1 AS a INTO pg_temp.x",
+            "INSERT INTO \"pg_temp\".t VALUES (1)",
+            "EXPLAIN ANALYZE CREATE TEMP TABLE t AS SELECT 1",
+            "explain (analyze, buffers) select 1 into temp t",
+            "SELECT lastval()",
+            "select currval('orders_id_seq')",
+            "SELECT pg_catalog.lastval()",
+        ] {
+            assert!(refused(sql), "{sql:?}");
+        }
+    }
+
+    #[test]
+    fn code_the_guard_cannot_read_is_let_through_as_unknown() {
+        let code = |sql| check(sql).unwrap();
+        assert_eq!(code("SELECT $1::int8"), Code::Known);
+        assert_eq!(
+            code("SELECT count(*) FROM t WHERE a IN (1, 2)"),
+            Code::Known
+        );
+        assert_eq!(code("SELECT * FROM pg_settings"), Code::Known);
+        assert_eq!(code("SELECT set_tenant($1)"), Code::Unknown);
+        assert_eq!(code("DO $$ BEGIN PERFORM 1; END $$"), Code::Unknown);
+        assert_eq!(code("CALL p()"), Code::Unknown);
+        assert_eq!(code("SELECT 1; SELECT f()"), Code::Unknown);
+    }
+
+    #[test]
+    fn copy_is_refused_in_atomic_batches_and_query_methods() {
+        let e = check_in_atomic_batch("COPY t FROM STDIN").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotAllowedInBatch);
+        let e = check_not_copy("  copy (delete from t returning *) to stdout").unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotSupported);
+        assert!(check_not_copy("SELECT 1").is_ok());
+    }
+}
