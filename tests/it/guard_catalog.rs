@@ -37,19 +37,37 @@ fn setup(schema: &str) -> String {
          CREATE VIEW {schema}.innocent AS SELECT {schema}.evil_int() AS id;
          CREATE TABLE {schema}.defaulted (id integer DEFAULT {schema}.evil_int());
          CREATE DOMAIN {schema}.checked AS integer CHECK ({schema}.evil_check(VALUE));
-         CREATE TABLE {schema}.typed (id {schema}.checked);"
+         CREATE TABLE {schema}.typed (id {schema}.checked);
+         CREATE TYPE {schema}.boxed AS (id integer);
+         CREATE FUNCTION {schema}.evil_box(integer) RETURNS {schema}.boxed LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN ROW($1); END $$;
+         CREATE CAST (integer AS {schema}.boxed) WITH FUNCTION {schema}.evil_box(integer);
+         CREATE FUNCTION {schema}.evil_allow(integer) RETURNS boolean LANGUAGE plpgsql
+             AS $$ BEGIN {evil}; RETURN true; END $$;
+         CREATE TABLE {schema}.guarded (id integer);
+         INSERT INTO {schema}.guarded VALUES (1);
+         ALTER TABLE {schema}.guarded ENABLE ROW LEVEL SECURITY;
+         ALTER TABLE {schema}.guarded FORCE ROW LEVEL SECURITY;
+         CREATE POLICY allow ON {schema}.guarded USING ({schema}.evil_allow(id));
+         CREATE ROLE {schema} LOGIN;
+         GRANT USAGE ON SCHEMA {schema} TO {schema};
+         GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA {schema} TO {schema};
+         GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {schema} TO {schema};"
     )
 }
 
 /// The statements, each reaching the user code above without naming a
 /// function of its own (the schema is on the session's `search_path`).
-const CASES: [&str; 6] = [
+const CASES: [&str; 8] = [
     "SELECT md5(1)",
     "SELECT 1 === 1",
     "INSERT INTO audited VALUES (1)",
     "SELECT id FROM innocent",
     "INSERT INTO defaulted DEFAULT VALUES",
     "INSERT INTO typed VALUES (1)",
+    "SELECT (1::boxed).id",
+    // As a role row-level security applies to (not the superuser).
+    "SELECT id FROM guarded",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -59,7 +77,7 @@ async fn user_code_reached_without_naming_it_is_cleaned_behind() {
     admin.batch_execute(&setup(&schema)).await.unwrap();
     // The schema first, as a role's or database's search_path would put it.
     let url = with_param(
-        &database_url(),
+        &as_user(&database_url(), &schema),
         "options",
         &format!("-c search_path={schema},public"),
     );
@@ -105,9 +123,24 @@ async fn user_code_reached_without_naming_it_is_cleaned_behind() {
     );
     pool.close_and_wait(Duration::from_secs(5)).await;
     admin
-        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .batch_execute(&format!(
+            "DROP SCHEMA {schema} CASCADE; DROP OWNED BY {schema}; DROP ROLE {schema}"
+        ))
         .await
         .unwrap();
+}
+
+/// `url` with its user replaced by `user`.
+fn as_user(url: &str, user: &str) -> String {
+    let mut config: pgpipe::tokio_postgres::Config = url.parse().unwrap();
+    config.user(user);
+    let host = match config.get_hosts().first() {
+        Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("postgres").to_owned();
+    format!("postgres://{user}@{host}:{port}/{db}")
 }
 
 /// A transaction-local setting made by user code under a builtin's name
