@@ -2,7 +2,7 @@
 //! catalog). Each case hides a session change inside user code that the
 //! SQL text does not name as a function of its own: an overload of a
 //! builtin's name, an operator, a trigger, a view, a column default, a
-//! domain check. On a plain connection (the positive control) the
+//! domain check, a cast, a row-level-security policy, a rule. On a plain connection (the positive control) the
 //! statement really moves `search_path`; on the shared path the pool
 //! learned from the catalog that it reaches user code, cleans behind it,
 //! and the next task finds the session as it was.
@@ -38,6 +38,8 @@ fn setup(schema: &str) -> String {
          CREATE TABLE {schema}.defaulted (id integer DEFAULT {schema}.evil_int());
          CREATE DOMAIN {schema}.checked AS integer CHECK ({schema}.evil_check(VALUE));
          CREATE TABLE {schema}.typed (id {schema}.checked);
+         CREATE TABLE {schema}.ruled (id integer);
+         CREATE RULE also AS ON INSERT TO {schema}.ruled DO ALSO SELECT {schema}.evil_int();
          CREATE TYPE {schema}.boxed AS (id integer);
          CREATE FUNCTION {schema}.evil_box(integer) RETURNS {schema}.boxed LANGUAGE plpgsql
              AS $$ BEGIN {evil}; RETURN ROW($1); END $$;
@@ -58,7 +60,7 @@ fn setup(schema: &str) -> String {
 
 /// The statements, each reaching the user code above without naming a
 /// function of its own (the schema is on the session's `search_path`).
-const CASES: [&str; 8] = [
+const CASES: [&str; 9] = [
     "SELECT md5(1)",
     "SELECT 1 === 1",
     "INSERT INTO audited VALUES (1)",
@@ -66,6 +68,7 @@ const CASES: [&str; 8] = [
     "INSERT INTO defaulted DEFAULT VALUES",
     "INSERT INTO typed VALUES (1)",
     "SELECT (1::boxed).id",
+    "INSERT INTO ruled VALUES (1)",
     // As a role row-level security applies to (not the superuser).
     "SELECT id FROM guarded",
 ];
