@@ -788,3 +788,54 @@ async fn closing_the_pool_ends_writes_waiting_for_a_primary_at_once() {
     assert!(waited < Duration::from_secs(3), "{waited:?}");
     assert!(pool.close_and_wait(Duration::from_secs(5)).await);
 }
+
+/// A standby stopped (`-m immediate`) under 64 reading tasks: every read
+/// whose connection broke there runs again elsewhere (the read ran in a
+/// read-only session, so nothing was written), decided by the route it was
+/// sent on; none reaches its caller as an error. Twice, the standby back
+/// in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_on_a_standby_that_dies_run_again_elsewhere() {
+    let set = replica_set(ReplicaSet::builder(2));
+    let registry = Registry::new();
+    let pool = pool_over(&set, &registry).build().unwrap();
+    pool.query("SELECT 1", &[]).await.unwrap();
+    assert_reads_in_step(&pool, 50).await;
+    let failed = Arc::new(AtomicU64::new(0));
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for _round in 0..2 {
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        let readers: Vec<_> = (0..64i64)
+            .map(|task| {
+                let (pool, failed, samples) =
+                    (pool.clone(), Arc::clone(&failed), Arc::clone(&samples));
+                tokio::spawn(async move {
+                    let mut i = 0i64;
+                    while Instant::now() < deadline {
+                        let id = task * 1_000_000 + i;
+                        match pool.read().query_one("SELECT $1::int8", &[&id]).await {
+                            Ok(row) => assert_eq!(row.get::<_, i64>(0), id),
+                            Err(e) => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                let mut samples = samples.lock().unwrap();
+                                if samples.len() < 5 {
+                                    samples.push(e.to_string());
+                                }
+                            }
+                        }
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        set.standbys[0].stop("immediate").unwrap();
+        for reader in readers {
+            reader.await.unwrap();
+        }
+        set.standbys[0].start_server().unwrap();
+        assert!(set.wait_caught_up(Duration::from_secs(20)).await);
+    }
+    let failed = failed.load(Ordering::Relaxed);
+    assert_eq!(failed, 0, "reads failed: {:?}", samples.lock().unwrap());
+}

@@ -141,17 +141,25 @@ pub(crate) async fn read(
             if let (Some(metrics), Some(code)) = (&hosts.metrics, code) {
                 metrics.role_error(code);
             }
-            // A standby, read-only by the server: whatever ran there wrote
-            // nothing.
-            let on_standby = pick.route == RouteLabel::Replica
-                && hosts.is_standby(pick.host)
-                && hosts.reads_enforced;
+            // Decided by the route the read was sent on, not by what the
+            // monitor says of the host by now (a standby that died is no
+            // standby to it a moment later): a replica route runs on a read
+            // lane, whose sessions are read-only by the server, so whatever
+            // ran there wrote nothing.
+            let on_replica = pick.route == RouteLabel::Replica;
+            let read_only = on_replica && hosts.reads_enforced;
             let reason = match (code, error.kind()) {
-                (Some("40001"), _) if on_standby => Some(RetryReason::RecoveryConflict),
-                (_, ErrorKind::ConnectionLost) if on_standby => {
+                (Some("40001"), _) if read_only => Some(RetryReason::RecoveryConflict),
+                (_, ErrorKind::ConnectionLost) if read_only => {
                     hosts.recheck();
                     Some(RetryReason::ReplicaLost)
                 }
+                // Nothing ran at all.
+                (_, ErrorKind::Connect) if on_replica => {
+                    hosts.recheck();
+                    Some(RetryReason::ReplicaLost)
+                }
+                _ if on_replica && error.is_unsent() => Some(RetryReason::ReplicaLost),
                 (_, ErrorKind::ConnectionLost | ErrorKind::Connect) => {
                     hosts.recheck();
                     None

@@ -528,11 +528,6 @@ impl Hosts {
             },
         }
     }
-
-    /// Whether `host` was a standby at the last check.
-    pub(crate) fn is_standby(&self, host: usize) -> bool {
-        self.hosts[host].standby.load(Ordering::Acquire)
-    }
 }
 
 /// Most rounds of checks a write that could not be sent waits through: a
