@@ -839,3 +839,60 @@ async fn reads_on_a_standby_that_dies_run_again_elsewhere() {
     let failed = failed.load(Ordering::Relaxed);
     assert_eq!(failed, 0, "reads failed: {:?}", samples.lock().unwrap());
 }
+
+/// A pool built while a standby is seconds behind never reads from it in
+/// its first second (#22 defect 1): with one primary position seen, a
+/// standby behind it has an unknown lag, and an unknown lag is not in
+/// rotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_pool_never_reads_from_a_standby_already_behind() {
+    let set = replica_set(ReplicaSet::builder(2));
+    let registry = Registry::new();
+    let writer = pool_over(&set, &registry).build().unwrap();
+    let table = create_table(&writer, "behind", "id bigserial").await;
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    let lagging = &set.standbys[0];
+    let paused = connect(&lagging.url()).await.unwrap();
+    paused
+        .execute("SELECT pg_wal_replay_pause()", &[])
+        .await
+        .unwrap();
+    // Writes the paused standby will not have, then a moment for it to
+    // fall seconds behind.
+    for _ in 0..50 {
+        writer
+            .execute(&format!("INSERT INTO {table} DEFAULT VALUES"), &[])
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let fresh = Registry::new();
+    let pool = pool_over(&set, &fresh)
+        .max_replica_lag(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let mut reads = 0;
+    while started.elapsed() < Duration::from_secs(1) {
+        let rows = pool
+            .read()
+            .query(
+                &format!("SELECT inet_server_port(), (SELECT count(*) FROM {table})"),
+                &[],
+            )
+            .await
+            .unwrap();
+        let port: i32 = rows[0].get(0);
+        assert_ne!(
+            port,
+            i32::from(lagging.port()),
+            "read {reads} went to the standby that is behind"
+        );
+        assert_eq!(rows[0].get::<_, i64>(1), 50, "a read missed rows");
+        reads += 1;
+    }
+    paused
+        .execute("SELECT pg_wal_replay_resume()", &[])
+        .await
+        .unwrap();
+}

@@ -333,7 +333,9 @@ impl Election {
                         metrics.lag(&host.label, lag.seconds, lag.bytes);
                     }
                     if let Some(max) = hosts.settings.max_lag {
-                        in_rotation = lag.seconds <= max.as_secs_f64();
+                        // A lag that is only a lower bound (a new pool, the
+                        // first check after a failover) vouches for nothing.
+                        in_rotation = lag.known && lag.seconds <= max.as_secs_f64();
                     }
                 }
             }

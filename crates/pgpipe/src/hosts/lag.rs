@@ -21,6 +21,10 @@ pub(crate) struct Samples {
 pub(crate) struct Lag {
     pub(crate) bytes: u64,
     pub(crate) seconds: f64,
+    /// Whether `seconds` is the lag, rather than only a lower bound: a
+    /// standby behind every primary position kept (a new pool's first
+    /// check, the first after a failover) may be any amount behind.
+    pub(crate) known: bool,
 }
 
 impl Samples {
@@ -51,12 +55,14 @@ impl Samples {
             return Some(Lag {
                 bytes: 0,
                 seconds: 0.0,
+                known: true,
             });
         }
         // The first position the standby has not reached, and the one
         // before it, which it has.
         let next = self.seen.iter().position(|&(_, lsn)| lsn > replay)?;
         let (next_at, next_lsn) = self.seen[next];
+        let known = next > 0;
         let was_there = match next.checked_sub(1).map(|i| self.seen[i]) {
             None => next_at,
             Some((at, lsn)) => {
@@ -70,6 +76,7 @@ impl Samples {
         Some(Lag {
             bytes: newest - replay,
             seconds: now.saturating_duration_since(was_there).as_secs_f64(),
+            known,
         })
     }
 }
@@ -102,10 +109,26 @@ mod tests {
         let lag = samples.lag(150, start + Duration::from_secs(5)).unwrap();
         assert_eq!(lag.bytes, 150);
         assert!((lag.seconds - 4.0).abs() < 1e-6, "{}", lag.seconds);
-        // Behind every sample kept: at least as old as the oldest.
+        assert!(lag.known);
+        // Behind every sample kept: at least as old as the oldest, and no
+        // more is known.
         let lag = samples.lag(50, start + Duration::from_secs(5)).unwrap();
         assert_eq!(lag.seconds, 5.0);
+        assert!(!lag.known);
         assert_eq!(Samples::default().lag(0, start), None);
+    }
+
+    #[test]
+    fn with_one_sample_a_standby_behind_it_has_an_unknown_lag() {
+        let start = Instant::now();
+        let mut samples = Samples::default();
+        samples.push(start, 1000);
+        let lag = samples.lag(400, start).unwrap();
+        assert_eq!((lag.bytes, lag.known), (600, false));
+        assert!(
+            samples.lag(1000, start).unwrap().known,
+            "caught up is known"
+        );
     }
 
     #[test]
