@@ -896,3 +896,96 @@ async fn a_new_pool_never_reads_from_a_standby_already_behind() {
         .await
         .unwrap();
 }
+
+/// A standby that crashes and comes back behind where it was vouches for
+/// no read-your-writes token until it is checked again (#22 defect 3): its
+/// replay position from the last check is not trusted across a lost
+/// connection. The standby comes back with `recovery_min_apply_delay=1h`,
+/// so its redo from the last restart point stops short of the write, and
+/// the pool's next check is 5 s away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_back_from_a_crash_vouches_for_no_token_until_checked_again() {
+    let set = replica_set(ReplicaSet::builder(1));
+    let standby = &set.standbys[0];
+    let registry = Registry::new();
+    let pool = pool_over(&set, &registry)
+        .host_recheck(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let table = create_table(&pool, "crash", "id int8 PRIMARY KEY").await;
+    // A restart point past the table: redo after the crash starts there.
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    let primary = connect(&set.primary.url()).await.unwrap();
+    primary.batch_execute("CHECKPOINT").await.unwrap();
+    assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    let plain = connect(&standby.url()).await.unwrap();
+    plain.batch_execute("CHECKPOINT").await.unwrap();
+    drop(plain);
+    let (_, token) = pool
+        .execute_tracked(&format!("INSERT INTO {table} VALUES (1)"), &[])
+        .await
+        .unwrap();
+    let select = format!("SELECT id, inet_server_port() FROM {table} WHERE id = 1");
+    let read = || async {
+        pool.read_with(Consistency::AtLeast(token))
+            .query_opt(&select, &[])
+            .await
+            .unwrap()
+    };
+    // Until the standby itself serves the token.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = read().await.expect("read-your-writes found the row");
+        if row.get::<_, i32>(1) == i32::from(standby.port()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby never served the token"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    standby.stop("immediate").unwrap();
+    standby
+        .set_in_auto_conf("recovery_min_apply_delay", "1h")
+        .unwrap();
+    standby.start_server().unwrap();
+    // The control: the standby is back without the row.
+    let plain = connect(&standby.url()).await.unwrap();
+    let rows = plain
+        .query(&format!("SELECT count(*) FROM {table}"), &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        rows[0].get::<_, i64>(0),
+        0,
+        "the standby came back with the row"
+    );
+    // Within the next 3 s (before the next scheduled check), every token
+    // read finds the row, wherever it runs.
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut reads = 0;
+    while Instant::now() < until {
+        assert!(
+            read().await.is_some(),
+            "read {reads} after the crash missed the row"
+        );
+        reads += 1;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // And it comes back into rotation for plain reads (behind, but it
+    // answers) by the next scheduled check: a loss is no lasting verdict.
+    let mut on_standby = false;
+    let until = Instant::now() + Duration::from_secs(8);
+    while !on_standby && Instant::now() < until {
+        let rows = pool
+            .read()
+            .query("SELECT inet_server_port()", &[])
+            .await
+            .unwrap();
+        on_standby = rows[0].get::<_, i32>(0) == i32::from(standby.port());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(on_standby, "the standby never came back into rotation");
+    pool.close();
+}

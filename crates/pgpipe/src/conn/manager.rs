@@ -77,11 +77,16 @@ impl Manager {
         )
         .await?;
         let (io_state, io_notifications) = (Arc::clone(&state), Arc::clone(&notifications));
+        let io_wire = Arc::clone(&self.wire);
         let io = tokio::spawn(async move {
             // The error, if any, reaches every request in flight through its
-            // response channel; here only the fact that the link is gone
-            // matters.
-            let _ = StepAside::new(connection, Arc::clone(&io_state)).await;
+            // response channel; here only the fact that the link is gone,
+            // and whether the pool ended it (an end the pool chose is `Ok`,
+            // or an abort that never gets here), matters.
+            let ended = StepAside::new(connection, Arc::clone(&io_state)).await;
+            if ended.is_err() {
+                io_wire.lost();
+            }
             io_state.load.mark_dead();
             io_state.wake();
             io_notifications.close();

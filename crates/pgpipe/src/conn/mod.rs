@@ -43,7 +43,7 @@ use notifications::Notifications;
 pub(crate) use run::Target;
 pub(crate) use state::ConnState;
 use statement_cache::{StatementCache, Ticket};
-pub(crate) use wire::PoolWire;
+pub(crate) use wire::{HostSignal, PoolWire};
 
 /// A pooled connection: the client, what the tap sees of its wire, and its
 /// statement cache. Shared and exclusive use both borrow it from deadpool.

@@ -25,9 +25,9 @@ pub(crate) struct PoolWire {
     states: Mutex<Vec<Weak<ConnState>>>,
     /// Where [`now_nanos`](PoolWire::now_nanos) counts from.
     epoch: Epoch,
-    /// Wakes the pool's host monitor when a connection sees its host's
-    /// role change.
-    role_signal: std::sync::OnceLock<Arc<tokio::sync::Notify>>,
+    /// What this lane's connections tell their host's monitor: a role
+    /// change, a connection lost.
+    host: std::sync::OnceLock<Arc<HostSignal>>,
     /// Which names reach user code in the database, as last learned (see
     /// [`catalog`](crate::catalog)); the guard and the tap read it.
     catalog: ArcSwap<Catalog>,
@@ -41,6 +41,33 @@ pub(crate) struct PoolWire {
     /// A connection showed state the guard did not expect: load the
     /// catalog again at the next tick.
     catalog_suspect: std::sync::atomic::AtomicBool,
+}
+
+/// What the connections to one host (its lanes' and its monitor's) tell
+/// the monitor. A server that restarts ends every connection to it first,
+/// so a host whose count of lost connections moved since its last check
+/// may be a new server, back behind where it was checked: until a check
+/// that started after the loss, what that check found (its replay
+/// position, its lag) vouches for nothing.
+#[derive(Debug)]
+pub(crate) struct HostSignal {
+    /// Wakes the monitor for a round now.
+    wake: Arc<tokio::sync::Notify>,
+    losses: AtomicU64,
+}
+
+impl HostSignal {
+    pub(crate) fn new(wake: Arc<tokio::sync::Notify>) -> HostSignal {
+        HostSignal {
+            wake,
+            losses: AtomicU64::new(0),
+        }
+    }
+
+    /// Connections to the host lost so far.
+    pub(crate) fn losses(&self) -> u64 {
+        self.losses.load(Ordering::Acquire)
+    }
 }
 
 #[derive(Debug)]
@@ -60,15 +87,25 @@ impl PoolWire {
         }
     }
 
-    /// Where [`role_changed`](PoolWire::role_changed) reports.
-    pub(crate) fn on_role_change(&self, signal: Arc<tokio::sync::Notify>) {
-        let _ = self.role_signal.set(signal);
+    /// Where [`role_changed`](PoolWire::role_changed) and
+    /// [`lost`](PoolWire::lost) report.
+    pub(crate) fn on_host(&self, signal: Arc<HostSignal>) {
+        let _ = self.host.set(signal);
     }
 
     /// A connection saw its host's role change (a standby promoted).
     pub(crate) fn role_changed(&self) {
-        if let Some(signal) = self.role_signal.get() {
-            signal.notify_one();
+        if let Some(signal) = self.host.get() {
+            signal.wake.notify_one();
+        }
+    }
+
+    /// A connection ended without the pool closing it (the server went
+    /// away, or ended the session): see [`HostSignal`].
+    pub(crate) fn lost(&self) {
+        if let Some(signal) = self.host.get() {
+            signal.losses.fetch_add(1, Ordering::AcqRel);
+            signal.wake.notify_one();
         }
     }
 

@@ -91,9 +91,12 @@ pub(crate) fn start_monitor(hosts: &Arc<Hosts>) {
         .iter()
         .map(|host| {
             let lane = host.write.manager();
+            // Its connections are nobody's queries: not in the metrics. Its
+            // connection lost counts as one of the host's.
+            let wire = PoolWire::new(None);
+            wire.on_host(Arc::clone(host.signal()));
             Manager {
-                // Its connections are nobody's queries: not in the metrics.
-                wire: Arc::new(PoolWire::new(None)),
+                wire: Arc::new(wire),
                 after_connect: None,
                 descriptions: None,
                 read_groups: false,
@@ -115,8 +118,10 @@ async fn monitor(hosts: Weak<Hosts>, managers: Vec<Manager>) {
                 return;
             }
             hosts.started.fetch_add(1, Ordering::AcqRel);
+            // Taken before any check: a loss from now on is after them.
+            let losses: Vec<u64> = hosts.hosts.iter().map(|h| h.signal().losses()).collect();
             let seen = check_all(&managers, &mut conns).await;
-            election.apply(&hosts, seen);
+            election.apply(&hosts, seen, &losses);
             hosts.rounds.fetch_add(1, Ordering::AcqRel);
             hosts.round_done.notify_waiters();
             Arc::clone(&hosts.trigger)
@@ -230,7 +235,8 @@ struct Election {
 }
 
 impl Election {
-    fn apply(&mut self, hosts: &Hosts, seen: Vec<Result<Seen, Failure>>) {
+    /// `losses`: each host's lost connections when the round began.
+    fn apply(&mut self, hosts: &Hosts, seen: Vec<Result<Seen, Failure>>, losses: &[u64]) {
         let now = Instant::now();
         let metrics = hosts.metrics.as_ref();
         self.failures.resize(seen.len(), 0);
@@ -328,6 +334,7 @@ impl Election {
                 host.received_timeline
                     .store(s.received_timeline, Ordering::Release);
                 host.replay_lsn.store(s.lsn, Ordering::Release);
+                host.vouched_losses.store(losses[i], Ordering::Release);
                 if let Some(lag) = primary_seen.and_then(|_| self.samples.lag(s.lsn, now)) {
                     if let Some(metrics) = metrics {
                         metrics.lag(&host.label, lag.seconds, lag.bytes);

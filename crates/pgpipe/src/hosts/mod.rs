@@ -26,6 +26,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::config::deadline_after;
+use crate::conn::HostSignal;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::HostMetrics;
 use crate::metrics::hosts::{FallbackReason, RetryReason, RouteLabel};
@@ -65,6 +66,11 @@ pub(crate) struct Host {
     received_timeline: AtomicU32,
     /// What the last check found, for error messages.
     last_seen: std::sync::Mutex<String>,
+    /// What its connections tell the monitor; set when the hosts are made.
+    signal: OnceLock<Arc<HostSignal>>,
+    /// [`HostSignal::losses`] when the last check that found it a standby
+    /// started: while the count is still this, that check vouches for it.
+    vouched_losses: AtomicU64,
 }
 
 impl Host {
@@ -80,7 +86,22 @@ impl Host {
             token_floor: AtomicU64::new(0),
             received_timeline: AtomicU32::new(0),
             last_seen: std::sync::Mutex::new("not checked yet".into()),
+            signal: OnceLock::new(),
+            vouched_losses: AtomicU64::new(0),
         }
+    }
+
+    /// What its connections tell the monitor.
+    pub(crate) fn signal(&self) -> &Arc<HostSignal> {
+        self.signal.get().expect("set when the hosts are made")
+    }
+
+    /// Whether no connection to it was lost since its last check began: a
+    /// server that restarted (perhaps behind where it was checked) ended
+    /// every connection to it first, so a loss leaves nothing the check
+    /// found standing until the next one.
+    fn vouched(&self) -> bool {
+        self.signal().losses() == self.vouched_losses.load(Ordering::Acquire)
     }
 
     /// Whether it is known to have replayed `token`: past its position, on
@@ -169,7 +190,10 @@ impl Hosts {
         let discovering = hosts.len() > 1 || settings.default_target != TargetSessionAttrs::Any;
         let trigger = Arc::new(Notify::new());
         for host in &hosts {
-            host.write.wire().on_role_change(Arc::clone(&trigger));
+            let signal = host
+                .signal
+                .get_or_init(|| Arc::new(HostSignal::new(Arc::clone(&trigger))));
+            host.write.wire().on_host(Arc::clone(signal));
         }
         Hosts {
             primary: AtomicUsize::new(if discovering { NONE } else { 0 }),
@@ -200,7 +224,7 @@ impl Hosts {
         let closed = lock(&self.closed);
         let lane = host.read.get_or_init(|| {
             let lane = host.read_recipe.make_or_without_metrics();
-            lane.wire().on_role_change(Arc::clone(&self.trigger));
+            lane.wire().on_host(Arc::clone(host.signal()));
             lane
         });
         if *closed {
@@ -471,7 +495,9 @@ impl Hosts {
             if Some(i) == exclude || !host.standby.load(Ordering::Acquire) {
                 continue;
             }
-            if !host.in_rotation.load(Ordering::Acquire) {
+            // A connection lost since its last check: what that check found
+            // vouches for nothing (a recheck is under way).
+            if !host.in_rotation.load(Ordering::Acquire) || !host.vouched() {
                 reason = FallbackReason::Lag;
                 continue;
             }

@@ -694,7 +694,7 @@ mod tests {
             state.load.share();
             let wire = Arc::new(PoolWire::default());
             let signal = Arc::new(tokio::sync::Notify::new());
-            wire.on_role_change(Arc::clone(&signal));
+            wire.on_host(Arc::new(crate::conn::HostSignal::new(Arc::clone(&signal))));
             let mut tap = TappedStream::new((), Arc::clone(&state), wire);
             tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']); // start-up is over
             (state, tap, signal)
