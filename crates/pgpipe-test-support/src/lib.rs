@@ -22,10 +22,12 @@ use std::{fs, io};
 
 use tokio_postgres::config::Host;
 
+mod patroni;
 mod pgbouncer;
 mod pgpool;
 mod replication;
 
+pub use patroni::{HaproxyPorts, Patroni};
 pub use pgbouncer::{Pgbouncer, PgbouncerBuilder};
 pub use pgpool::Pgpool;
 pub use replication::{ReplicaSet, ReplicaSetBuilder, connect};
@@ -534,7 +536,7 @@ pub(crate) fn hand_to_postgres_user(dir: &Path) -> io::Result<()> {
 
 /// The directory holding `initdb` and `pg_ctl`: `PG_BIN` if set, else the
 /// newest `/usr/lib/postgresql/*/bin`, else whatever `PATH` has.
-fn server_bin_dir() -> Option<PathBuf> {
+pub(crate) fn server_bin_dir() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("PG_BIN") {
         return Some(PathBuf::from(dir));
     }
