@@ -711,13 +711,51 @@ async fn a_promotion_under_reads_in_flight_fails_none_and_counts_a_role_change()
     assert_eq!(quarantined("session_state"), 0.0);
 }
 
+/// A standby left on the old timeline after a failover (it was ahead of
+/// the standby promoted, and so diverged) never vouches for a new write,
+/// and with `max_replica_lag` serves no read at all: its replay position is
+/// past the new primary's, so by bytes and seconds it looks caught up. As
+/// the superuser, the pool reads the standby's timeline
+/// (`pg_stat_wal_receiver`); as a role without `pg_read_all_stats` it
+/// cannot, and the floor set at the change of timeline decides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_new_write() {
+    diverged_standby(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_write_of_an_unprivileged_role() {
+    diverged_standby(Some(&unique("plain"))).await;
+}
+
+async fn diverged_standby(role: Option<&str>) {
     let set = replica_set(ReplicaSet::builder(2));
+    if let Some(role) = role {
+        let admin = connect(&set.primary.url()).await.unwrap();
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN; GRANT CREATE ON SCHEMA public TO {role}"
+            ))
+            .await
+            .unwrap();
+        assert!(set.wait_caught_up(Duration::from_secs(10)).await);
+    }
+    let as_role = |url: String| match role {
+        Some(role) => url.replace("postgres://postgres@", &format!("postgres://{role}@")),
+        None => url,
+    };
     let registry = Registry::new();
-    let pool = pool_over(&set, &registry)
+    let standbys: Vec<String> = set.standbys.iter().map(|s| as_role(s.url())).collect();
+    let pool = Pool::builder()
+        .primary(&as_role(set.primary.url()))
+        .replicas(standbys.iter().map(String::as_str))
+        .max_size(4)
+        .pipelining(true)
+        .registry(&registry)
+        .pool_name(unique("diverged"))
         .host_recheck(Duration::from_millis(250))
         .failover_wait(Duration::from_secs(10))
+        .max_replica_lag(Duration::from_secs(5))
         .build()
         .unwrap();
     let table = create_table(&pool, "diverged", "id int8 PRIMARY KEY, pad text").await;
@@ -734,10 +772,10 @@ async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_new_write() {
     set.primary.stop("immediate").unwrap();
     promoted.start_server().unwrap();
     promoted.promote().unwrap();
-    // Writes on the new timeline, each read back with its token. s2's
-    // replay position is far past them (on the old timeline), and it has
-    // none of them.
-    let select = format!("SELECT id FROM {table} WHERE id = $1");
+    // Writes on the new timeline, each read back with its token, and a
+    // plain read. s2's replay position is far past them (on the old
+    // timeline), and it has none of them.
+    let select = format!("SELECT id, inet_server_port() FROM {table} WHERE id = $1");
     for id in 10_000..10_050i64 {
         let (_, token) = pool.execute_tracked(&insert, &[&id]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -749,6 +787,16 @@ async fn a_standby_left_on_the_old_timeline_never_vouches_for_a_new_write() {
         assert!(
             found.is_some(),
             "{id} ({token}) missing: read on the diverged standby"
+        );
+        let rows = pool
+            .read()
+            .query(&format!("SELECT inet_server_port()"), &[])
+            .await
+            .unwrap();
+        assert_ne!(
+            rows[0].get::<_, i32>(0),
+            i32::from(diverged.port()),
+            "a plain read went to the diverged standby"
         );
     }
     let scrape = Scrape::of(&registry);

@@ -2,20 +2,18 @@
 //! connection of its own per host (never queued behind user work), every
 //! `host_recheck`, and at once when something suggests a role changed (a
 //! write route's connection broke, a write met a read-only host, a standby
-//! was promoted under a connection). Then it elects the primary and sets
-//! each standby's lag.
+//! was promoted under a connection). Then the [`Election`] elects the
+//! primary and sets each standby's lag.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use super::lag::Samples;
-use super::{CHECK_TIMEOUT, Hosts, NONE};
+use super::election::Election;
+use super::{CHECK_TIMEOUT, Hosts};
 use crate::conn::{Manager, PgConn, PoolWire};
-use crate::metrics::hosts::RoleLabel;
-use crate::sync::lock;
 use tokio_postgres::error::SqlState;
 
 /// One query answers everything: in recovery or not; the timeline (on a
@@ -37,35 +35,28 @@ const CHECK_SQL: &str = "SELECT pg_is_in_recovery()::text, \
             ELSE '0/0' END) - '0/0')::int8::text, \
      coalesce((SELECT received_tli FROM pg_stat_wal_receiver), 0)::text";
 
-/// Rounds a primary's checks may time out, or find it up but full
-/// (`max_connections` for the monitor's own connection), before it is no
-/// longer the primary, while no other host is writable: one slow answer
-/// must not fail every write with `NoPrimary`. A refused or broken
-/// connection ends its role at once.
-const PRIMARY_GRACE: u32 = 3;
-
 /// Fastest and slowest re-check while there is no primary.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(25), Duration::from_millis(500));
 
 /// What one check found.
 #[derive(Debug, Clone)]
-struct Seen {
-    recovery: bool,
-    timeline: u32,
-    lsn: u64,
-    server: String,
-    received: u64,
-    received_timeline: u32,
+pub(super) struct Seen {
+    pub(super) recovery: bool,
+    pub(super) timeline: u32,
+    pub(super) lsn: u64,
+    pub(super) server: String,
+    pub(super) received: u64,
+    pub(super) received_timeline: u32,
 }
 
 /// Why a check found nothing.
 #[derive(Debug)]
-struct Failure {
-    message: String,
+pub(super) struct Failure {
+    pub(super) message: String,
     /// A timeout, or a server that is up but full: the host may still hold
     /// its role (see [`PRIMARY_GRACE`]). Otherwise (refused, broken) it is
     /// down.
-    transient: bool,
+    pub(super) transient: bool,
 }
 
 impl Failure {
@@ -212,181 +203,5 @@ async fn check(manager: &Manager, conn: Option<PgConn>) -> (Option<PgConn>, Resu
             None,
             Err(Failure::down("the role check answered nothing readable")),
         ),
-    }
-}
-
-/// What the monitor remembers between rounds.
-#[derive(Debug, Default)]
-struct Election {
-    /// The primary of the last round that had one.
-    last: Option<usize>,
-    /// Since when there has been no primary.
-    none_since: Option<Instant>,
-    samples: Samples,
-    /// The timeline of the last primary elected, and the highest ever: no
-    /// host on a lower one is ever elected again (split brain, whether or
-    /// not the higher one answers this round).
-    timeline: u32,
-    highest: u32,
-    /// Per host: failed checks in a row, and the server last seen there
-    /// (with whether it was a standby).
-    failures: Vec<u32>,
-    servers: Vec<Option<(String, bool)>>,
-}
-
-impl Election {
-    /// `losses`: each host's lost connections when the round began.
-    fn apply(&mut self, hosts: &Hosts, seen: Vec<Result<Seen, Failure>>, losses: &[u64]) {
-        let now = Instant::now();
-        let metrics = hosts.metrics.as_ref();
-        self.failures.resize(seen.len(), 0);
-        self.servers.resize(seen.len(), None);
-        // The writable servers, each once (two names may reach one server;
-        // the first configured name stands for it).
-        let mut writable: Vec<(usize, &Seen)> = Vec::new();
-        for (i, result) in seen.iter().enumerate() {
-            let host = &hosts.hosts[i];
-            if let Some(metrics) = metrics {
-                metrics.checked(&host.label, result.is_ok());
-            }
-            let (role, text) = match result {
-                Ok(s) if s.recovery => (RoleLabel::Standby, "a standby".to_string()),
-                Ok(s) => (
-                    RoleLabel::Primary,
-                    format!("writable on timeline {}", s.timeline),
-                ),
-                Err(e) => (RoleLabel::Down, format!("down ({})", e.message)),
-            };
-            *lock(&host.last_seen) = text;
-            if let Some(metrics) = metrics {
-                metrics.role(&host.label, role);
-            }
-            match result {
-                Ok(s) => {
-                    self.failures[i] = 0;
-                    if !s.recovery && !writable.iter().any(|(_, w)| w.server == s.server) {
-                        writable.push((i, s));
-                    }
-                }
-                Err(_) => self.failures[i] += 1,
-            }
-        }
-        let top = writable.iter().map(|(_, s)| s.timeline).max().unwrap_or(0);
-        if writable.len() > 1 || (top > 0 && top < self.highest) {
-            if let Some(metrics) = metrics {
-                metrics.conflicts.inc();
-            }
-            crate::trace::pool_warn!(
-                writable = writable.len(),
-                timeline = top,
-                highest = self.highest,
-                "a writable server below the highest timeline, or more than one (split \
-                 brain): writes go only to the highest timeline, and nowhere on a tie"
-            );
-        }
-        let on_top: Vec<usize> = writable
-            .iter()
-            .filter(|(_, s)| s.timeline == top && top >= self.highest)
-            .map(|(i, _)| *i)
-            .collect();
-        let mut primary = match on_top.as_slice() {
-            [only] => Some(*only),
-            _ => None,
-        };
-        // The primary whose check failed keeps its role for a few rounds,
-        // unless another server is writable.
-        if primary.is_none() && writable.is_empty() {
-            if let Some(last) = self.last.filter(|&l| hosts.is_primary(l)) {
-                let transient = seen[last].as_ref().is_err_and(|e| e.transient);
-                if transient && self.failures[last] < PRIMARY_GRACE {
-                    primary = Some(last);
-                }
-            }
-        }
-        let primary_seen = primary.and_then(|i| seen[i].as_ref().ok());
-        let new_timeline = primary_seen.is_some_and(|p| p.timeline != self.timeline);
-        if let Some(p) = primary_seen {
-            if new_timeline {
-                // Positions from before a new timeline say nothing.
-                self.samples.clear();
-                self.timeline = p.timeline;
-                self.highest = self.highest.max(p.timeline);
-            }
-            self.samples.push(now, p.lsn);
-        }
-        // Standbys: in rotation when up and within the lag bound (kept in
-        // rotation while there is no primary to measure against: reads
-        // carry on from standbys).
-        for (i, result) in seen.iter().enumerate() {
-            let host = &hosts.hosts[i];
-            let standby = matches!(result, Ok(s) if s.recovery);
-            let mut in_rotation = standby;
-            if let Some(s) = result.as_ref().ok().filter(|s| s.recovery) {
-                // A standby that just appeared (at start, back from down,
-                // promoted elsewhere, another server behind the same name)
-                // or that lived through a change of timeline vouches for no
-                // write until it has replayed past all it had received.
-                let known = matches!(&self.servers[i], Some((server, true)) if *server == s.server);
-                if new_timeline || !known {
-                    let floor = s.received.max(s.lsn) + 1;
-                    host.token_floor.store(floor, Ordering::Release);
-                }
-                host.received_timeline
-                    .store(s.received_timeline, Ordering::Release);
-                host.replay_lsn.store(s.lsn, Ordering::Release);
-                host.vouched_losses.store(losses[i], Ordering::Release);
-                if let Some(lag) = primary_seen.and_then(|_| self.samples.lag(s.lsn, now)) {
-                    if let Some(metrics) = metrics {
-                        metrics.lag(&host.label, lag.seconds, lag.bytes);
-                    }
-                    if let Some(max) = hosts.settings.max_lag {
-                        // A lag that is only a lower bound (a new pool, the
-                        // first check after a failover) vouches for nothing.
-                        in_rotation = lag.known && lag.seconds <= max.as_secs_f64();
-                    }
-                }
-            }
-            if let Ok(s) = result {
-                self.servers[i] = Some((s.server.clone(), s.recovery));
-            }
-            host.standby.store(standby, Ordering::Release);
-            host.in_rotation.store(in_rotation, Ordering::Release);
-            if let Some(metrics) = metrics {
-                if !standby {
-                    metrics.no_lag(&host.label);
-                }
-                metrics.in_rotation(&host.label, in_rotation);
-            }
-        }
-        // The election itself.
-        match primary {
-            Some(i) => {
-                if let Some(p) = primary_seen {
-                    hosts.timeline.store(p.timeline, Ordering::Release);
-                }
-                hosts.primary.store(i, Ordering::Release);
-                if let Some(since) = self.none_since.take() {
-                    if let Some(metrics) = metrics {
-                        metrics.discovery.observe(since.elapsed().as_secs_f64());
-                    }
-                }
-                if self.last.is_some_and(|last| last != i) {
-                    if let Some(metrics) = metrics {
-                        metrics.primary_changes.inc();
-                    }
-                    crate::trace::pool_warn!(
-                        host = hosts.hosts[i].label.as_str(),
-                        "a new primary was elected"
-                    );
-                }
-                self.last = Some(i);
-            }
-            None => {
-                hosts.primary.store(NONE, Ordering::Release);
-                if self.last.is_some() && self.none_since.is_none() {
-                    self.none_since = Some(now);
-                }
-            }
-        }
     }
 }

@@ -16,6 +16,7 @@
 
 mod check;
 pub(crate) mod dispatch;
+mod election;
 mod lag;
 
 use std::fmt::Write as _;
