@@ -8,6 +8,7 @@ mod batch;
 mod correctness;
 mod dashboards;
 mod executor;
+mod failover;
 mod faults;
 mod guard_catalog;
 mod guard_lexical;

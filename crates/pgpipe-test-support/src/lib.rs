@@ -414,6 +414,38 @@ impl Cluster {
         writeln!(file, "{name} = '{}'", value.replace('\'', "''"))
     }
 
+    /// Stops every process of the server (`SIGSTOP` to the postmaster and
+    /// its children): it neither answers nor refuses, as a server that
+    /// hangs. [`resume`](Cluster::resume) undoes it.
+    ///
+    /// # Errors
+    ///
+    /// When it is not running or `kill` fails.
+    pub fn pause(&self) -> io::Result<()> {
+        self.signal_all("STOP")
+    }
+
+    /// Continues a server stopped by [`pause`](Cluster::pause).
+    ///
+    /// # Errors
+    ///
+    /// When it is not running or `kill` fails.
+    pub fn resume(&self) -> io::Result<()> {
+        self.signal_all("CONT")
+    }
+
+    fn signal_all(&self, signal: &str) -> io::Result<()> {
+        let pid = fs::read_to_string(format!("{}/postmaster.pid", self.data()))?;
+        let pid = pid.lines().next().unwrap_or_default().trim().to_owned();
+        let script = format!("pkill -{signal} -P {pid}; kill -{signal} {pid}");
+        let status = Command::new("sh").args(["-c", &script]).status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!("SIG{signal} to {pid} failed")))
+        }
+    }
+
     /// The server's log so far.
     pub fn log(&self) -> String {
         fs::read_to_string(format!("{}/server.log", self.data())).unwrap_or_default()

@@ -441,9 +441,9 @@ impl PoolBuilder {
             .pool_name
             .clone()
             .unwrap_or_else(|| default_pool_name(&server));
-        let default_target = match self.target {
-            None => TargetSessionAttrs::Any,
-            Some(Ok(target)) => target,
+        let target = match self.target {
+            None => None,
+            Some(Ok(target)) => Some(target),
             Some(Err(message)) => return Err(Error::config(message)),
         };
         let mut servers = vec![server.clone()];
@@ -486,6 +486,15 @@ impl PoolBuilder {
                 endpoints.push(endpoint);
             }
         }
+        // Where `get()` and `begin()` go when the URL names no target: the
+        // primary, waiting for one within `failover_wait` as a write does
+        // (libpq's `any` would take a standby while none is elected, and a
+        // transaction's writes would fail there with 25006).
+        let default_target = match target {
+            Some(target) => target,
+            None if endpoints.len() > 1 => TargetSessionAttrs::Primary,
+            None => TargetSessionAttrs::Any,
+        };
         let settings = HostSettings {
             recheck: self.config.host_recheck,
             max_lag: self.config.max_replica_lag,
