@@ -790,7 +790,7 @@ async fn diverged_standby(role: Option<&str>) {
         );
         let rows = pool
             .read()
-            .query(&format!("SELECT inet_server_port()"), &[])
+            .query("SELECT inet_server_port()", &[])
             .await
             .unwrap();
         assert_ne!(
