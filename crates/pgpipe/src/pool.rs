@@ -303,6 +303,10 @@ impl Pool {
     /// checkout that finds every connection shared makes one drain and
     /// return.
     ///
+    /// With several hosts it is a connection to the primary (or to the host
+    /// the URL's `target_session_attrs` names), waiting for one within
+    /// `failover_wait` while none is elected, as a write does.
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) after `wait_timeout`,
