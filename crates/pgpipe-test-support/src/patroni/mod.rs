@@ -27,6 +27,11 @@ use crate::{
 /// The cluster's name in etcd.
 const SCOPE: &str = "pgpipe";
 
+mod config;
+mod haproxy;
+
+pub use haproxy::HaproxyPorts;
+
 /// A running Patroni cluster.
 #[derive(Debug)]
 pub struct Patroni {
@@ -43,15 +48,6 @@ pub struct Patroni {
 struct Node {
     pg_port: u16,
     api_port: u16,
-}
-
-/// HAProxy's two ports in front of the cluster.
-#[derive(Debug, Clone, Copy)]
-pub struct HaproxyPorts {
-    /// Routes to the leader (`GET /primary` answers 200 there).
-    pub read_write: u16,
-    /// Balances over the running standbys (`GET /replica`).
-    pub read_only: u16,
 }
 
 impl Patroni {
@@ -140,73 +136,7 @@ impl Patroni {
         Ok(child.id())
     }
 
-    fn write_config(&self, n: usize, node: &Node, etcd: u16) -> io::Result<()> {
-        let dir = self.dir.display();
-        let (pg, api) = (node.pg_port, node.api_port);
-        let config = format!(
-            "scope: {SCOPE}
-namespace: /pgpipe/
-name: n{n}
-log:
-  level: INFO
-  dir: {dir}/log{n}
-restapi:
-  listen: 127.0.0.1:{api}
-  connect_address: 127.0.0.1:{api}
-etcd3:
-  hosts: 127.0.0.1:{etcd}
-bootstrap:
-  dcs:
-    ttl: 20
-    loop_wait: 1
-    retry_timeout: 5
-    primary_start_timeout: 0
-    synchronous_mode: true
-    postgresql:
-      use_pg_rewind: true
-      parameters:
-        wal_level: replica
-        hot_standby: 'on'
-        wal_log_hints: 'on'
-        max_wal_senders: 10
-        max_replication_slots: 10
-        max_connections: 200
-        fsync: 'off'
-  initdb:
-    - encoding: UTF8
-    - locale: C
-    - auth: trust
-postgresql:
-  listen: 127.0.0.1:{pg}
-  connect_address: 127.0.0.1:{pg}
-  data_dir: {dir}/data{n}
-  bin_dir: {bin}
-  pgpass: {dir}/pgpass{n}
-  pg_hba:
-    - local all all trust
-    - host all all 127.0.0.1/32 trust
-    - host replication all 127.0.0.1/32 trust
-  authentication:
-    superuser:
-      username: postgres
-    replication:
-      username: postgres
-    rewind:
-      username: postgres
-  parameters:
-    unix_socket_directories: {dir}
-",
-            bin = self.bin.display(),
-        );
-        let path = self.config(n);
-        fs::write(&path, config)?;
-        hand_to_postgres_user(&path)?;
-        let logs = self.dir.join(format!("log{n}"));
-        fs::create_dir_all(&logs)?;
-        hand_to_postgres_user(&logs)
-    }
-
-    fn config(&self, n: usize) -> PathBuf {
+    pub(super) fn config(&self, n: usize) -> PathBuf {
         self.dir.join(format!("n{n}.yml"))
     }
 
@@ -354,73 +284,6 @@ postgresql:
             .map(|n| format!("127.0.0.1:{}", self.port(n)))
             .collect();
         format!("postgres://postgres@{}/postgres", hosts.join(","))
-    }
-
-    /// Starts an HAProxy in front of the members: a read-write port routed
-    /// to the leader and a read-only port balanced over the standbys, each
-    /// checked on Patroni's REST API every 500 ms (down after two failures,
-    /// up after one success; sessions on a server marked down are cut).
-    /// `None` when HAProxy is not installed (see [`required_tool`]).
-    ///
-    /// # Errors
-    ///
-    /// When it does not start or its ports do not answer within 10 s.
-    pub fn haproxy(&mut self) -> io::Result<Option<HaproxyPorts>> {
-        let sbin = PathBuf::from("/usr/sbin/haproxy");
-        let found = if sbin.is_file() {
-            Some(sbin)
-        } else {
-            required_tool("haproxy", "apt-get install haproxy")
-        };
-        let Some(haproxy) = found else {
-            return Ok(None);
-        };
-        let ports = HaproxyPorts {
-            read_write: free_port()?,
-            read_only: free_port()?,
-        };
-        let mut config = String::from(
-            "global\n  maxconn 2000\ndefaults\n  mode tcp\n  timeout connect 2s\n  \
-             timeout client 30m\n  timeout server 30m\n  timeout check 1s\n  \
-             default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n",
-        );
-        for (name, port, check) in [
-            ("rw", ports.read_write, "/primary"),
-            ("ro", ports.read_only, "/replica"),
-        ] {
-            config.push_str(&format!(
-                "listen {name}\n  bind 127.0.0.1:{port}\n  balance roundrobin\n  \
-                 option httpchk GET {check}\n  http-check expect status 200\n"
-            ));
-            for (n, node) in self.nodes.iter().enumerate() {
-                config.push_str(&format!(
-                    "  server n{n} 127.0.0.1:{} check port {}\n",
-                    node.pg_port, node.api_port
-                ));
-            }
-        }
-        let path = self.dir.join("haproxy.cfg");
-        fs::write(&path, config)?;
-        let log = fs::File::create(self.dir.join("haproxy.log"))?;
-        let child = Command::new(haproxy)
-            .arg("-f")
-            .arg(&path)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
-        self.haproxy_pid = Some(child.id());
-        after_exit(&format!("kill -KILL {} 2>/dev/null", child.id()))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", ports.read_only)).is_err()
-            || TcpStream::connect(("127.0.0.1", ports.read_write)).is_err()
-        {
-            if Instant::now() > deadline {
-                return Err(io::Error::other("haproxy did not listen within 10 s"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(Some(ports))
     }
 
     /// What stops everything, as one shell command.
