@@ -43,10 +43,13 @@ impl Patroni {
             read_write: free_port()?,
             read_only: free_port()?,
         };
-        let mut config = String::from(
+        let stats = free_port()?;
+        let mut config = format!(
             "global\n  maxconn 2000\ndefaults\n  mode tcp\n  timeout connect 2s\n  \
              timeout client 30m\n  timeout server 30m\n  timeout check 1s\n  \
-             default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n",
+             default-server inter 500ms fall 2 rise 1 on-marked-down shutdown-sessions\n\
+             listen stats\n  mode http\n  bind 127.0.0.1:{stats}\n  stats enable\n  \
+             stats uri /stats\n"
         );
         for (name, port, check) in [
             ("rw", ports.read_write, "/primary"),
@@ -84,6 +87,52 @@ impl Patroni {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        // HAProxy starts with every server up and marks them down only
+        // after failed checks: until then its read-write port may reach a
+        // standby. Wait until its own view is settled.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !settled(stats) {
+            if Instant::now() > deadline {
+                return Err(io::Error::other(
+                    "haproxy's checks did not settle within 20 s",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         Ok(Some(ports))
     }
+}
+
+/// Whether HAProxy's stats (CSV) show one server up behind the read-write
+/// port and two behind the read-only one, none in between.
+fn settled(stats: u16) -> bool {
+    let Some(csv) = http_body(stats, "/stats;csv") else {
+        return false;
+    };
+    let up = |proxy: &str| {
+        let rows = csv.lines().map(|line| line.split(',').collect::<Vec<_>>());
+        let servers: Vec<Vec<&str>> = rows
+            .filter(|f| f.len() > 17 && f[0] == proxy && f[1].starts_with('n'))
+            .collect();
+        let settled = servers.iter().all(|f| f[17] == "UP" || f[17] == "DOWN");
+        let up = servers.iter().filter(|f| f[17] == "UP").count();
+        (servers.len() == 3 && settled).then_some(up)
+    };
+    up("rw") == Some(1) && up("ro") == Some(2)
+}
+
+/// The body of `GET path` on `127.0.0.1:port`.
+fn http_body(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let (_, body) = answer.split_once("\r\n\r\n")?;
+    Some(body.to_owned())
 }
