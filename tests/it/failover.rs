@@ -190,12 +190,7 @@ async fn transactions_and_atomic_batches_during_a_failover_commit_whole_or_not_a
         .primary_setting("synchronous_commit", "on")
         .start()
         .expect("a primary and two standbys start");
-    let admin = connect(&set.primary.url()).await.unwrap();
-    admin
-        .simple_query("ALTER SYSTEM SET synchronous_standby_names = 's1'")
-        .await
-        .unwrap();
-    admin.simple_query("SELECT pg_reload_conf()").await.unwrap();
+    set.synchronous("s1").await;
     let registry = Registry::new();
     let pool = pool_over(&set, &registry)
         .failover_wait(Duration::from_secs(10))

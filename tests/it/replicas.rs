@@ -374,12 +374,7 @@ async fn failover_under_load_loses_no_acknowledged_write_and_split_brain_gets_no
     // every acknowledged write is on it. (With asynchronous replication a
     // crash may lose acknowledged writes whatever the pool does.)
     let set = replica_set(ReplicaSet::builder(2).primary_setting("synchronous_commit", "on"));
-    let admin = connect(&set.primary.url()).await.unwrap();
-    admin
-        .simple_query("ALTER SYSTEM SET synchronous_standby_names = 's1'")
-        .await
-        .unwrap();
-    admin.simple_query("SELECT pg_reload_conf()").await.unwrap();
+    set.synchronous("s1").await;
     let registry = Registry::new();
     let pool = pool_over(&set, &registry)
         .failover_wait(Duration::from_secs(5))

@@ -354,15 +354,6 @@ impl Outcome {
         }
     }
 
-    /// Reads that `port` answered after `since`.
-    pub(crate) fn reads_on(&self, port: u16, since: Instant) -> usize {
-        self.reads
-            .ok
-            .iter()
-            .filter(|r| r.port == port && r.started > since)
-            .count()
-    }
-
     /// Counts, for the notice.
     pub(crate) fn summary(&self) -> String {
         let ports: HashSet<u16> = self.reads.ok.iter().map(|r| r.port).collect();

@@ -435,15 +435,8 @@ impl Cluster {
     }
 
     fn signal_all(&self, signal: &str) -> io::Result<()> {
-        let pid = fs::read_to_string(format!("{}/postmaster.pid", self.data()))?;
-        let pid = pid.lines().next().unwrap_or_default().trim().to_owned();
-        let script = format!("pkill -{signal} -P {pid}; kill -{signal} {pid}");
-        let status = Command::new("sh").args(["-c", &script]).status()?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(io::Error::other(format!("SIG{signal} to {pid} failed")))
-        }
+        let pid = postmaster_pid(&self.dir.join("data"))?;
+        run_shell(&format!("pkill -{signal} -P {pid}; kill -{signal} {pid}"))
     }
 
     /// The server's log so far.
@@ -525,6 +518,22 @@ pub(crate) fn after_exit(cleanup: &str) -> io::Result<()> {
         .stderr(Stdio::null())
         .spawn()
         .map(drop)
+}
+
+/// The postmaster's pid of the data directory `data`.
+pub(crate) fn postmaster_pid(data: &Path) -> io::Result<String> {
+    let pid = fs::read_to_string(data.join("postmaster.pid"))?;
+    Ok(pid.lines().next().unwrap_or_default().trim().to_owned())
+}
+
+/// Runs `script` with `sh -c`; an error if it fails.
+pub(crate) fn run_shell(script: &str) -> io::Result<()> {
+    let status = Command::new("sh").args(["-c", script]).status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("`{script}` failed")))
+    }
 }
 
 pub(crate) fn is_root() -> bool {

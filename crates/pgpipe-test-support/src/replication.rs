@@ -134,6 +134,31 @@ impl ReplicaSet {
     }
 }
 
+impl ReplicaSet {
+    /// Makes commits on the primary wait for the standby `name` (`s1` …)
+    /// by `ALTER SYSTEM` (so that a later [`Cluster::set_in_auto_conf`]
+    /// can undo it for a restart), and reloads.
+    ///
+    /// # Panics
+    ///
+    /// When the primary does not answer.
+    pub async fn synchronous(&self, name: &str) {
+        let primary = connect(&self.primary.url())
+            .await
+            .expect("the primary answers");
+        primary
+            .simple_query(&format!(
+                "ALTER SYSTEM SET synchronous_standby_names = '{name}'"
+            ))
+            .await
+            .expect("ALTER SYSTEM");
+        primary
+            .simple_query("SELECT pg_reload_conf()")
+            .await
+            .expect("reload");
+    }
+}
+
 /// A plain client of one server, its connection driven by a task.
 ///
 /// # Errors

@@ -20,8 +20,8 @@ use std::time::{Duration, Instant};
 use std::{fs, io};
 
 use crate::{
-    after_exit, as_postgres_user, free_port, hand_to_postgres_user, required_tool, server_bin_dir,
-    unique,
+    after_exit, as_postgres_user, free_port, hand_to_postgres_user, postmaster_pid, required_tool,
+    run_shell, server_bin_dir, unique,
 };
 
 /// The cluster's name in etcd.
@@ -175,7 +175,7 @@ impl Patroni {
     /// When its pid is unknown or `kill` fails.
     pub fn kill_agent(&self, n: usize) -> io::Result<()> {
         let pid = fs::read_to_string(self.dir.join(format!("agent{n}.pid")))?;
-        signal("-KILL", pid.trim())
+        run_shell(&format!("kill -KILL {}", pid.trim()))
     }
 
     /// Kills member `n`'s postmaster (`SIGKILL`: a crash).
@@ -184,9 +184,7 @@ impl Patroni {
     ///
     /// When it is not running or `kill` fails.
     pub fn kill_postgres(&self, n: usize) -> io::Result<()> {
-        let pid = fs::read_to_string(self.data(n).join("postmaster.pid"))?;
-        let pid = pid.lines().next().unwrap_or_default();
-        signal("-KILL", pid)
+        run_shell(&format!("kill -KILL {}", postmaster_pid(&self.data(n))?))
     }
 
     /// `patronictl switchover` from the leader to member `candidate`, and
@@ -248,24 +246,30 @@ impl Patroni {
         http_status(self.nodes[n].api_port, path) == Some(200)
     }
 
-    /// Waits until one member leads and both others run as standbys, one of
-    /// them synchronous; returns whether that happened within `timeout`.
-    pub fn wait_healthy(&self, timeout: Duration) -> bool {
+    /// Waits until `ready` holds, checking every 100 ms; returns whether it
+    /// did within `timeout`.
+    pub fn wait_for(&self, timeout: Duration, ready: impl Fn(&Patroni) -> bool) -> bool {
         let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(leader) = self.leader() {
-                let others: Vec<usize> = (0..3).filter(|&n| n != leader).collect();
-                let streaming = others.iter().all(|&n| self.answers(n, "/replica"));
-                let sync = others.iter().any(|&n| self.answers(n, "/sync"));
-                if streaming && sync {
-                    return true;
-                }
-            }
+        while !ready(self) {
             if Instant::now() > deadline {
                 return false;
             }
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(100));
         }
+        true
+    }
+
+    /// Waits until one member leads and both others run as standbys, one of
+    /// them synchronous; returns whether that happened within `timeout`.
+    pub fn wait_healthy(&self, timeout: Duration) -> bool {
+        self.wait_for(timeout, |cluster| {
+            let Some(leader) = cluster.leader() else {
+                return false;
+            };
+            let others: Vec<usize> = (0..3).filter(|&n| n != leader).collect();
+            others.iter().all(|&n| cluster.answers(n, "/replica"))
+                && others.iter().any(|&n| cluster.answers(n, "/sync"))
+        })
     }
 
     /// Member `n`'s postgres port.
@@ -325,15 +329,6 @@ impl Drop for Patroni {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-    }
-}
-
-fn signal(which: &str, pid: &str) -> io::Result<()> {
-    let status = Command::new("kill").args([which, pid]).status()?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!("kill {which} {pid} failed")))
     }
 }
 

@@ -144,8 +144,11 @@ impl Election {
                     let floor = s.received.max(s.lsn) + 1;
                     host.token_floor.store(floor, Ordering::Release);
                     // Through a change of primary it must show it follows
-                    // the new timeline before it serves any read.
-                    self.unproven[i] = new_timeline && changed_primary;
+                    // the new timeline before it serves any read (a restart
+                    // proves nothing: only replaying past the floor does).
+                    if new_timeline && changed_primary {
+                        self.unproven[i] = true;
+                    }
                 }
                 // A standby on another timeline than the primary's (left
                 // behind on the old one, diverged) replays nothing the
