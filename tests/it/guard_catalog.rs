@@ -251,3 +251,93 @@ async fn user_code_never_sees_another_tasks_sequence_state() {
         .await
         .unwrap();
 }
+
+/// A verdict the guard remembered before user code appeared under a
+/// statement's name (a function shadowing `md5(text)` through
+/// `search_path`) is judged again once the catalog learns of it (its
+/// generation changed): the statement then gets the cleanup behind it. The
+/// guarantee's stated bound is the catalog's refresh (10 s); the test
+/// allows 15.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remembered_verdict_is_judged_again_when_user_code_appears() {
+    let schema = unique("pgpipe_catalog_later");
+    let admin = pgpipe_test_support::admin().await;
+    admin
+        .batch_execute(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let app = unique("later");
+    let url = with_param(
+        &with_param(&database_url(), "application_name", &app),
+        "options",
+        // Ahead of pg_catalog: a function of the schema shadows a builtin of the
+        // same signature.
+        &format!("-c search_path={schema},pg_catalog,public"),
+    );
+    let pool = Pool::builder()
+        .url(&url)
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let sql = "SELECT md5('x'::text)";
+    let path = |rows: Vec<pgpipe::tokio_postgres::Row>| rows[0].get::<_, String>(0);
+    let before = path(pool.query("SHOW search_path", &[]).await.unwrap());
+    // Judged (and remembered) while md5(1) is PostgreSQL's own.
+    pool.execute(sql, &[]).await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.md5(text) RETURNS text LANGUAGE plpgsql AS $$
+                 BEGIN PERFORM pg_catalog.set_config('search_path', 'pg_catalog', false);
+                 RETURN 'x'; END $$"
+        ))
+        .await
+        .unwrap();
+    // The pool's connection goes (its prepared statement still names the
+    // builtin): the next one prepares the text anew, and it now resolves
+    // to the schema's function, while the lane remembers the verdict.
+    for pid in pgpipe_test_support::backend_pids(&admin, &app).await {
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap();
+    }
+    let until = tokio::time::Instant::now() + Duration::from_secs(10);
+    while pool.query("SELECT 1", &[]).await.is_err() {
+        assert!(tokio::time::Instant::now() < until, "the pool never healed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The control: it moves the path now.
+    let plain = connect(&url).await.unwrap();
+    plain.batch_execute(sql).await.unwrap();
+    let moved: String = plain
+        .query_one("SHOW search_path", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(moved, "pg_catalog", "control");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        pool.execute(sql, &[]).await.unwrap();
+        let after = path(pool.query("SHOW search_path", &[]).await.unwrap());
+        if after == before {
+            break;
+        }
+        pool.get()
+            .await
+            .unwrap()
+            .batch_execute("RESET search_path")
+            .await
+            .unwrap();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the remembered verdict still let {sql} leave the session changed after 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    pool.close_and_wait(Duration::from_secs(5)).await;
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
+}

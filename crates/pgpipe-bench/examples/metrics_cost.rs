@@ -12,8 +12,10 @@
 //! Then compare the two totals (`callgrind_annotate /tmp/cg.on | head`):
 //! their difference divided by the number of queries is the cost of the
 //! metrics per query. A third argument, `hol-off`, turns head-of-line
-//! awareness off, to count its cost the same way. The server comes from
-//! `DATABASE_URL`.
+//! awareness off, to count its cost the same way; `distinct` makes every
+//! query's text new (a comment with its number), to count what a statement
+//! costs the first time it is seen (the guard's verdict, the statement
+//! cache's prepare). The server comes from `DATABASE_URL`.
 
 use std::time::Instant;
 
@@ -22,7 +24,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let metrics = args.next().as_deref() == Some("on");
     let queries: i64 = args.next().map_or(Ok(20_000), |n| n.parse())?;
-    let hol = args.next().as_deref() != Some("hol-off");
+    let third = args.next();
+    let hol = third.as_deref() != Some("hol-off");
+    let distinct = third.as_deref() == Some("distinct");
     let registry = prometheus::Registry::new();
     let mut builder = pgpipe::Pool::builder()
         .url(&pgpipe_test_support::database_url())
@@ -44,7 +48,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 for i in 0..queries / 8 {
                     let v = t * 1_000_000 + i;
-                    let row = pool.query_one("SELECT $1::int8", &[&v]).await?;
+                    let row = if distinct {
+                        let sql = format!("SELECT $1::int8 /* {v} */");
+                        pool.query_one(&sql, &[&v]).await?
+                    } else {
+                        pool.query_one("SELECT $1::int8", &[&v]).await?
+                    };
                     assert_eq!(row.get::<_, i64>(0), v);
                 }
                 Ok::<_, pgpipe::Error>(())

@@ -24,7 +24,7 @@ use crate::exclusive::Holder;
 use crate::housekeeping;
 use crate::metrics::Counting;
 use crate::pool::PoolInner;
-use crate::protocol::sql_guard::{self, Code};
+use crate::protocol::sql_guard::Code;
 use crate::shared::costs::{CostKey, Costs};
 use crate::trace::Trace;
 
@@ -120,14 +120,14 @@ async fn run_unobserved(
     slow: bool,
     watch: Watch<'_>,
 ) -> Result<Answer, Error> {
-    let mut code = sql_guard::check(sql, &pool.wire().catalog())?;
+    let mut code = pool.wire().check(sql)?;
     if pool.is_closed() {
         return Err(Error::closed());
     }
     housekeeping::start(pool);
     if !pool.wire().catalog_tried() {
         crate::catalog::ready(pool).await;
-        code = sql_guard::check(sql, &pool.wire().catalog())?;
+        code = pool.wire().check(sql)?;
     }
     let clean = needs_cleanup(pool, code);
     if !pool.config().pipelining {

@@ -11,7 +11,6 @@ use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::ordered::{each_in_order, join_in_order};
 use crate::pool::PoolInner;
-use crate::protocol::sql_guard;
 use crate::{housekeeping, query};
 
 /// How many times items that never left the client (their connection died
@@ -25,13 +24,12 @@ const SKIPPED_RETRIES: u32 = 16;
 impl Batch<'_> {
     pub(super) async fn run_isolated(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
         let mut clean = false;
-        let catalog = inner.wire().catalog();
         let mut results: Vec<Option<Result<Answer, Error>>> = self
             .items
             .iter()
             .map(|item| {
-                let checked = params::check_sql_size(item.sql)
-                    .and_then(|()| sql_guard::check(item.sql, &catalog));
+                let checked =
+                    params::check_sql_size(item.sql).and_then(|()| inner.wire().check(item.sql));
                 match checked {
                     Ok(code) => {
                         clean |= query::needs_cleanup(inner, code);

@@ -22,7 +22,6 @@ use crate::error::{Error, ErrorKind};
 use crate::metrics::CloseReason;
 use crate::ordered::join_in_order;
 use crate::pool::PoolInner;
-use crate::protocol::sql_guard;
 use crate::query;
 use crate::shared::costs::Costs;
 
@@ -53,10 +52,9 @@ impl Batch<'_> {
     /// Whether an item may leave session state behind: session SQL, or code
     /// the guard cannot read.
     pub(super) fn needs_cleanup(&self, inner: &PoolInner) -> bool {
-        let catalog = inner.wire().catalog();
         self.items
             .iter()
-            .any(|item| match sql_guard::check(item.sql, &catalog) {
+            .any(|item| match inner.wire().check(item.sql) {
                 Ok(code) => query::needs_cleanup(inner, code),
                 Err(_) => true,
             })

@@ -8,9 +8,11 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 
 use super::state::ConnState;
+use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::protocol::catalog::Catalog;
 use crate::protocol::rtt::RttFilter;
+use crate::protocol::sql_guard::{self, Code, Verdicts};
 use crate::sync::lock;
 
 /// What every connection's tap reports to the pool, and the pool's clock.
@@ -41,6 +43,8 @@ pub(crate) struct PoolWire {
     /// A connection showed state the guard did not expect: load the
     /// catalog again at the next tick.
     catalog_suspect: std::sync::atomic::AtomicBool,
+    /// The guard's verdicts per SQL text, for the catalog's generation.
+    verdicts: Verdicts,
 }
 
 /// What the connections to one host (its lanes' and its monitor's) tell
@@ -109,9 +113,13 @@ impl PoolWire {
         }
     }
 
-    /// The catalog as last learned.
-    pub(crate) fn catalog(&self) -> arc_swap::Guard<Arc<Catalog>> {
-        self.catalog.load()
+    /// The shared path's guard on `sql` ([`sql_guard::check`]) under the
+    /// catalog as last learned, remembered per text.
+    pub(crate) fn check(&self, sql: &str) -> Result<Code, Error> {
+        // The generation first: a catalog stored after it is read is at
+        // worst judged under an older generation, and judged again.
+        let generation = self.catalog_generation();
+        sql_guard::check_remembered(sql, || self.catalog_full(), generation, &self.verdicts)
     }
 
     /// Whether a first load of the catalog was tried.

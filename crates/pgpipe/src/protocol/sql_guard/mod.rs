@@ -40,11 +40,13 @@
 
 mod contexts;
 mod fast_path;
+mod verdicts;
 
 pub(crate) use contexts::{
     check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, leaves_lasting_state,
 };
 use fast_path::plainly_harmless;
+pub(crate) use verdicts::Verdicts;
 
 use super::catalog::Catalog;
 use super::known_code::runs_unknown_code;
@@ -69,6 +71,19 @@ pub(crate) enum Code {
 /// everything counts as code the guard cannot read.
 pub(crate) fn check(sql: &str, catalog: &Catalog) -> Result<Code, Error> {
     scan(sql, refused, Some(catalog)).map_err(refusal)
+}
+
+/// [`check`], remembered in `verdicts` for the catalog of `generation`
+/// (`catalog` is asked for it only when the verdict is not remembered).
+pub(crate) fn check_remembered(
+    sql: &str,
+    catalog: impl FnOnce() -> std::sync::Arc<Catalog>,
+    generation: u64,
+    verdicts: &Verdicts,
+) -> Result<Code, Error> {
+    verdicts
+        .get_or(sql, generation, || scan(sql, refused, Some(&catalog())))
+        .map_err(refusal)
 }
 
 /// Whether a query may share a read group's transaction with its
