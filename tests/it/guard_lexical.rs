@@ -120,3 +120,80 @@ async fn an_exclusive_session_that_did_what_no_reset_undoes_is_closed() {
     let next = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
     assert_ne!(next, first, "the seeded session was handed on");
 }
+
+/// The same through the raw tokio-postgres client a checkout derefs to,
+/// which bypasses the pool's methods: the connection's own bytes decide
+/// (its tap reads the SQL of every `Query` and `Parse` an exclusive
+/// connection sends), by the simple protocol and by the extended one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_raw_client_of_a_checkout_cannot_hand_on_what_no_reset_undoes() {
+    let pool = Pool::builder()
+        .url(&database_url())
+        .max_size(1)
+        .build()
+        .unwrap();
+    let backend = |rows: Vec<pgpipe::tokio_postgres::Row>| rows[0].get::<_, i32>(0);
+    type Step = fn(&pgpipe::tokio_postgres::Client) -> futures_like::Boxed<'_>;
+    let steps: [(&str, Step); 3] = [
+        ("batch_execute setseed", |c| {
+            Box::pin(async move { c.batch_execute("SELECT setseed(0.25)").await.map(drop) })
+        }),
+        ("query setseed($1)", |c| {
+            Box::pin(async move { c.query("SELECT setseed($1)", &[&0.25f64]).await.map(drop) })
+        }),
+        ("batch_execute LOAD", |c| {
+            Box::pin(async move { c.batch_execute("LOAD 'auto_explain'").await.map(drop) })
+        }),
+    ];
+    for (what, step) in steps {
+        let conn = pool.get().await.unwrap();
+        let first = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+        let raw: &pgpipe::tokio_postgres::Client = &conn;
+        step(raw).await.unwrap();
+        drop(conn);
+        let conn = pool.get().await.unwrap();
+        let next = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+        assert_ne!(next, first, "{what}: the session was handed on");
+    }
+}
+
+mod futures_like {
+    pub(super) type Boxed<'a> = std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<(), pgpipe::tokio_postgres::Error>> + Send + 'a,
+        >,
+    >;
+}
+
+/// An atomic batch runs on a connection of its own, where session SQL is
+/// allowed and cleaned behind its `COMMIT`; what no cleanup undoes closes
+/// that connection instead of returning it to the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_atomic_batch_that_did_what_no_reset_undoes_closes_its_connection() {
+    let pool = Pool::builder()
+        .url(&database_url())
+        .max_size(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let backend = || async {
+        pool.get()
+            .await
+            .unwrap()
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
+    };
+    let first = backend().await;
+    let mut batch = pool.atomic_batch();
+    batch.execute("SELECT setseed(0.25)", &[]);
+    for result in batch.run().await.unwrap() {
+        result.unwrap();
+    }
+    assert_ne!(
+        backend().await,
+        first,
+        "the seeded session went back to the pool"
+    );
+}

@@ -11,6 +11,7 @@ mod executor;
 mod failover;
 mod faults;
 mod guard_catalog;
+mod guard_globals;
 mod guard_lexical;
 mod hol;
 mod hygiene;

@@ -334,11 +334,8 @@ pub(crate) async fn run_for_holder(
     if target.state.behind_transaction_pooler() {
         sql_guard::check_through_transaction_pooler(sql)?;
     }
-    if sql_guard::leaves_lasting_state(sql) {
-        // Nothing will undo it for the next user: the connection goes
-        // when it comes back, whatever the statement's outcome.
-        target.state.closing(CloseReason::ResetFailed);
-    }
+    // What no reset undoes closes the connection when it comes back: the
+    // tap decides that from the SQL that goes out, whoever sends it.
     run_alone(target, sql, params, op, settings, false).await
 }
 

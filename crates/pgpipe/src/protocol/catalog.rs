@@ -30,13 +30,14 @@ use rustc_hash::FxHashSet;
 use super::lexer::Token;
 
 /// One query for everything a [`Catalog`] holds: rows of a kind (`f`
-/// function, `r` relation, `t` type, `o` operator) and a name. Only
+/// function, `r` relation, `t` type, `o` operator, `g` a language with
+/// session-wide globals that user functions are written in) and a name. Only
 /// catalog tables and built-in functions; cheap on a small schema
 /// (measured in docs/benchmarks.md).
 pub(crate) const CATALOG_SQL: &str = "\
 WITH RECURSIVE
 user_proc AS (
-    SELECT p.oid, p.proname FROM pg_catalog.pg_proc p
+    SELECT p.oid, p.proname, p.prolang FROM pg_catalog.pg_proc p
      WHERE p.pronamespace <> 'pg_catalog'::pg_catalog.regnamespace
        AND p.pronamespace <> 'information_schema'::pg_catalog.regnamespace),
 user_op AS (
@@ -97,6 +98,10 @@ rels(rel) AS (
       JOIN rels ON d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
                AND d.refobjid = rels.rel)
 SELECT 'f', pg_catalog.lower(proname) FROM user_proc
+UNION SELECT 'g', l.lanname::text FROM pg_catalog.pg_language l
+ WHERE l.oid IN (SELECT prolang FROM user_proc)
+   AND l.lanname IN ('plperl', 'plperlu', 'plpythonu', 'plpython2u', 'plpython3u',
+                     'pltcl', 'pltclu', 'plv8')
 UNION SELECT 'o', oprname FROM user_op
 UNION SELECT 't', pg_catalog.lower(t.typname::text) FROM pg_catalog.pg_type t
  WHERE t.oid IN (SELECT oid FROM user_type)
@@ -123,6 +128,10 @@ pub(crate) struct Catalog {
     firsts: [u64; 4],
     /// Bit `b` set when an operator starts with byte `b`.
     operator_firsts: [u64; 4],
+    /// A language with session-wide globals that user functions here are
+    /// written in (the first, by name), if any: see
+    /// [`session_globals`](Catalog::session_globals).
+    globals: Option<Box<str>>,
 }
 
 impl Catalog {
@@ -135,6 +144,11 @@ impl Catalog {
         for (kind, name) in rows {
             match kind {
                 "o" => catalog.operators.push(name.as_bytes().into()),
+                "g" => {
+                    if catalog.globals.as_deref().is_none_or(|g| name < g) {
+                        catalog.globals = Some(name.into());
+                    }
+                }
                 _ => {
                     let name = name.to_ascii_lowercase().into_bytes();
                     if let Some(&first) = name.first() {
@@ -169,6 +183,15 @@ impl Catalog {
                 Token::Word(w) | Token::Quoted(w) => self.names_user_code(w),
                 _ => false,
             })
+    }
+
+    /// A language with session-wide globals (PL/Perl's `%_SHARED`,
+    /// PL/Python's `GD`/`SD`, PL/Tcl's global namespace, plv8's) that user
+    /// functions in this database are written in. What a function calls is
+    /// not in the catalog, so there any user code may keep state in them,
+    /// which no reset undoes.
+    pub(crate) fn session_globals(&self) -> Option<&str> {
+        self.globals.as_deref()
     }
 
     /// Whether it was learned from the server.

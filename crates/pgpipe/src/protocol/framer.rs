@@ -1,5 +1,7 @@
 //! Message boundaries of the PostgreSQL wire protocol, one direction at a
-//! time: a type byte and a length, never the payload.
+//! time: a type byte and a length, and of the payload only what a caller
+//! asks to keep (a setting's name; the SQL of `Query` and `Parse` while
+//! [`Framer::capture_sql`] is on).
 
 /// Where a direction of the stream is in the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +31,17 @@ pub(crate) struct Framer {
     /// The start of a ParameterStatus body: the setting's name.
     prefix: [u8; PREFIX],
     prefix_len: usize,
+    /// Whether the bodies of `Query` and `Parse` messages are kept whole.
+    capture: bool,
+    /// The kept body of the current message, up to [`CAPTURED`] bytes.
+    captured: Vec<u8>,
+    /// Whether the current message's body was longer than that.
+    overflowed: bool,
 }
+
+/// The longest `Query` or `Parse` body kept whole; a longer one is
+/// reported as cut short.
+const CAPTURED: usize = 64 * 1024;
 
 /// How much of a ParameterStatus body is kept: enough for the names of the
 /// settings the server reports.
@@ -37,14 +49,17 @@ const PREFIX: usize = 32;
 
 /// One complete message seen by a [`Framer`].
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Message {
+pub(crate) struct Message<'a> {
     pub(crate) kind: u8,
     pub(crate) first: Option<u8>,
     prefix: [u8; PREFIX],
     prefix_len: usize,
+    /// With [`Framer::capture_sql`] on, a `Query` or `Parse` body: whole
+    /// (`Ok`), or cut short at [`CAPTURED`] bytes (`Err`).
+    pub(crate) body: Option<Result<&'a [u8], &'a [u8]>>,
 }
 
-impl Message {
+impl Message<'_> {
     /// For a ParameterStatus (`S`) from the server, the setting's name (up
     /// to its first 31 bytes); for a simple Query (`Q`), its SQL's first
     /// bytes, the same way; empty for other messages.
@@ -71,7 +86,23 @@ impl Framer {
             first: None,
             prefix: [0; PREFIX],
             prefix_len: 0,
+            capture: false,
+            captured: Vec::new(),
+            overflowed: false,
         }
+    }
+
+    /// Keeps the bodies of `Query` and `Parse` messages that start from now
+    /// on whole, for the callback of [`feed`](Framer::feed), or stops.
+    pub(crate) fn capture_sql(&mut self, on: bool) {
+        if self.capture && !on {
+            self.captured = Vec::new();
+        }
+        self.capture = on;
+    }
+
+    fn capturing(&self) -> bool {
+        self.capture && matches!(self.kind, b'Q' | b'P')
     }
 
     /// Whether it stands between two messages (not inside one).
@@ -85,7 +116,7 @@ impl Framer {
 
     /// Feeds bytes that went over the wire, calling `on_message` for each
     /// message that completes.
-    pub(crate) fn feed(&mut self, mut bytes: &[u8], mut on_message: impl FnMut(Message)) {
+    pub(crate) fn feed(&mut self, mut bytes: &[u8], mut on_message: impl FnMut(Message<'_>)) {
         while !bytes.is_empty() && !matches!(self.phase, Phase::Opaque | Phase::Negotiating) {
             if self.body_left > 0 {
                 let take = self.body_left.min(bytes.len());
@@ -97,6 +128,11 @@ impl Framer {
                     self.prefix[self.prefix_len..self.prefix_len + keep]
                         .copy_from_slice(&bytes[..keep]);
                     self.prefix_len += keep;
+                }
+                if self.capturing() {
+                    let room = CAPTURED.saturating_sub(self.captured.len());
+                    self.captured.extend_from_slice(&bytes[..take.min(room)]);
+                    self.overflowed |= take > room;
                 }
                 self.body_left -= take;
                 bytes = &bytes[take..];
@@ -116,10 +152,12 @@ impl Framer {
         }
     }
 
-    fn start_body(&mut self, on_message: &mut impl FnMut(Message)) {
+    fn start_body(&mut self, on_message: &mut impl FnMut(Message<'_>)) {
         self.header_len = 0;
         self.first = None;
         self.prefix_len = 0;
+        self.captured.clear();
+        self.overflowed = false;
         let (kind, len_bytes, counted) = match self.phase {
             Phase::Startup => (0, &self.header[0..4], 8),
             _ => (self.header[0], &self.header[1..5], 4),
@@ -147,12 +185,20 @@ impl Framer {
         }
     }
 
-    fn finish(&mut self, on_message: &mut impl FnMut(Message)) {
+    fn finish(&mut self, on_message: &mut impl FnMut(Message<'_>)) {
+        let body = self.capturing().then(|| {
+            if self.overflowed {
+                Err(&self.captured[..])
+            } else {
+                Ok(&self.captured[..])
+            }
+        });
         on_message(Message {
             kind: self.kind,
             first: self.first.take(),
             prefix: self.prefix,
             prefix_len: std::mem::take(&mut self.prefix_len),
+            body,
         });
     }
 }
@@ -160,6 +206,51 @@ impl Framer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![kind];
+        m.extend_from_slice(&(body.len() as i32 + 4).to_be_bytes());
+        m.extend_from_slice(body);
+        m
+    }
+
+    #[test]
+    fn sql_is_captured_whole_across_writes_and_cut_short_past_its_bound() {
+        let mut framer = Framer::new(Phase::Typed);
+        framer.capture_sql(true);
+        let mut stream = message(b'Q', b"SELECT setseed(0.5)\0");
+        stream.extend(message(b'P', b"s1\0LOAD 'x'\0\0\0"));
+        stream.extend(message(b'S', b""));
+        // Each message's kind, and its body kept whole (or its kept length).
+        type Kept = Option<Result<Vec<u8>, usize>>;
+        let mut seen: Vec<(u8, Kept)> = Vec::new();
+        for chunk in stream.chunks(3) {
+            framer.feed(chunk, |m| {
+                seen.push((
+                    m.kind,
+                    m.body.map(|b| b.map(<[u8]>::to_vec).map_err(<[u8]>::len)),
+                ));
+            });
+        }
+        assert_eq!(
+            seen,
+            [
+                (b'Q', Some(Ok(b"SELECT setseed(0.5)\0".to_vec()))),
+                (b'P', Some(Ok(b"s1\0LOAD 'x'\0\0\0".to_vec()))),
+                (b'S', None),
+            ]
+        );
+        let long = vec![b'x'; CAPTURED + 10];
+        let mut cut = None;
+        framer.feed(&message(b'Q', &long), |m| {
+            cut = m.body.map(|b| b.map(<[u8]>::len).map_err(<[u8]>::len));
+        });
+        assert_eq!(cut, Some(Err(CAPTURED)));
+        framer.capture_sql(false);
+        let mut kept = true;
+        framer.feed(&message(b'Q', b"SELECT 1\0"), |m| kept = m.body.is_some());
+        assert!(!kept, "nothing kept while capture is off");
+    }
 
     fn messages(phase: Phase, chunks: &[&[u8]]) -> Vec<(u8, Option<u8>)> {
         let mut framer = Framer::new(phase);

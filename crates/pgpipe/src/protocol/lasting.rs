@@ -14,12 +14,16 @@
 //! - `dblink` connections (`dblink_connect`, `dblink_connect_u`), which an
 //!   extension keeps for the session.
 //!
+//! - globals of procedural languages (PL/Perl's `%_SHARED`, PL/Python's
+//!   `GD`/`SD`, PL/Tcl's, plv8's): what a function calls is not in the
+//!   catalog, so in a database whose user functions use such a language
+//!   ([`Catalog::session_globals`](super::catalog::Catalog::session_globals))
+//!   any user code may set them.
+//!
 //! On the shared path these are refused; on a connection checked out with
-//! `get()` they run, and the connection is closed when it comes back
-//! instead of reset. Functions in procedural languages with session-wide
-//! globals (PL/Python's `GD`/`SD`, PL/Perl's `%_SHARED`) can keep state of
-//! their own that nothing undoes either: they are user code, cleaned behind
-//! as such, and their globals are a limit this module does not cover.
+//! `get()`, or an atomic batch's, they run, and the connection is closed
+//! when it comes back instead of reset: its tap reads the SQL of every
+//! `Query` and `Parse` it sends, whoever sends it.
 
 use super::lexer::Token;
 

@@ -269,15 +269,30 @@ impl<S> TappedStream<S> {
             self.units.0.clear();
         }
         let units = &mut self.units;
-        self.outbound.feed(bytes, |message| match message.kind {
-            b'S' => syncs += 1,
-            b'Q' if shared => {
-                others += 1;
-                units.note(message.parameter_name(), written_before + syncs + others);
+        // An exclusive connection's SQL is read as it goes out, whoever
+        // sends it (the pool's methods, or the raw client a checkout derefs
+        // to): what no reset undoes closes the connection when it comes back.
+        self.outbound.capture_sql(!shared);
+        let mut lasting = false;
+        let pool = &self.pool;
+        self.outbound.feed(bytes, |message| {
+            if let Some(body) = message.body {
+                let catalog = pool.catalog_full();
+                lasting |= super::sql_guard::sends_lasting_state(message.kind, body, &catalog);
             }
-            0 | b'Q' | b'F' => others += 1,
-            _ => {}
+            match message.kind {
+                b'S' => syncs += 1,
+                b'Q' if shared => {
+                    others += 1;
+                    units.note(message.parameter_name(), written_before + syncs + others);
+                }
+                0 | b'Q' | b'F' => others += 1,
+                _ => {}
+            }
         });
+        if lasting {
+            self.state.closing(crate::metrics::CloseReason::ResetFailed);
+        }
         if others > 0 {
             self.state.requests.fetch_add(others, Ordering::AcqRel);
         }

@@ -3,9 +3,10 @@
 //! methods of an exclusive connection (no `COPY`), and what no reset
 //! undoes there.
 
+use super::super::catalog::Catalog;
 use super::super::lasting::lasting;
 use super::super::lexer::{Lexer, Token};
-use super::{TRANSACTION_CONTROL, is, keyword_name, lexers, refused, scan};
+use super::{SESSION_GLOBALS, TRANSACTION_CONTROL, is, keyword_name, lexers, refused, scan};
 use crate::error::{Error, ErrorKind};
 
 /// Refuses transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an
@@ -73,10 +74,36 @@ fn refused_without_session(statement: &[Token<'_>]) -> Option<&'static str> {
     refused(statement).filter(|what| !TRANSACTION_SCOPED.contains(what))
 }
 
+/// Whether a `Query` (`Q`) or `Parse` (`P`) message that went out with
+/// `body` (whole, or cut short) leaves session state that no reset undoes:
+/// [`leaves_lasting_state`] of its SQL, or, where `catalog` says user
+/// functions use a language with session-wide globals, any user code. A
+/// body cut short, or SQL that is not UTF-8, cannot be read, and counts as
+/// leaving it.
+pub(crate) fn sends_lasting_state(kind: u8, body: Result<&[u8], &[u8]>, catalog: &Catalog) -> bool {
+    let Ok(body) = body else { return true };
+    let after_name = match kind {
+        b'P' => match body.iter().position(|&b| b == 0) {
+            Some(end) => &body[end + 1..],
+            None => return true,
+        },
+        _ => body,
+    };
+    let sql = after_name
+        .iter()
+        .position(|&b| b == 0)
+        .map_or(after_name, |end| &after_name[..end]);
+    std::str::from_utf8(sql).map_or(true, |sql| {
+        leaves_lasting_state(sql)
+            || (catalog.session_globals().is_some()
+                && scan(sql, |_| None, Some(catalog)) == Err(SESSION_GLOBALS))
+    })
+}
+
 /// Whether `sql` leaves session state that no reset undoes (see
 /// [`lasting`](super::super::lasting)): on a connection checked out with `get()`
 /// it runs, and the connection is closed when it comes back.
-pub(crate) fn leaves_lasting_state(sql: &str) -> bool {
+fn leaves_lasting_state(sql: &str) -> bool {
     lexers(sql).any(|tokens| {
         let mut statement = Vec::new();
         for token in tokens.chain(std::iter::once(Token::Punct(b';'))) {

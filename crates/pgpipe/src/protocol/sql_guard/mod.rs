@@ -43,7 +43,7 @@ mod fast_path;
 mod verdicts;
 
 pub(crate) use contexts::{
-    check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, leaves_lasting_state,
+    check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, sends_lasting_state,
 };
 use fast_path::plainly_harmless;
 pub(crate) use verdicts::Verdicts;
@@ -152,12 +152,23 @@ fn scan(
     // Not learned yet (or not readable): the strict side.
     let unknown_by_catalog =
         catalog.is_some_and(|c| !c.is_loaded() || c.mentions_user_operator(sql.as_bytes()));
-    Ok(if unknown_by_catalog {
+    let code = if unknown_by_catalog {
         Code::Unknown
     } else {
         code
-    })
+    };
+    // Where user code may keep globals that outlive every reset, any of it
+    // may: nothing would undo them for the next task.
+    if code == Code::Unknown && catalog.is_some_and(|c| c.session_globals().is_some()) {
+        return Err(SESSION_GLOBALS);
+    }
+    Ok(code)
 }
+
+/// Why user code is refused where functions use session-wide globals.
+pub(super) const SESSION_GLOBALS: &str = "user code, in a database whose functions are written \
+     in a language with session-wide globals (PL/Perl's %_SHARED, PL/Python's GD and SD, \
+     PL/Tcl's, plv8's), which no reset undoes,";
 
 /// The lexers a session could read `sql` with (see [`scan`]).
 fn lexers(sql: &str) -> impl Iterator<Item = Lexer<'_>> {
