@@ -1032,3 +1032,46 @@ async fn a_standby_back_from_a_crash_vouches_for_no_token_until_checked_again() 
     assert!(on_standby, "the standby never came back into rotation");
     pool.close();
 }
+
+/// A standby that was down is back in rotation within a second or so of
+/// answering again, not at the next `host_recheck` (5 s here): while a host
+/// does not answer, the monitor checks again within its backoff (25 ms up
+/// to 500 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_back_from_down_is_in_rotation_again_within_the_backoff() {
+    let set = replica_set(ReplicaSet::builder(1));
+    let standby = &set.standbys[0];
+    let pool = pool_over(&set, &Registry::new())
+        .host_recheck(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let on_standby = || async {
+        let rows = pool
+            .read()
+            .query("SELECT inet_server_port()", &[])
+            .await
+            .unwrap();
+        rows[0].get::<_, i32>(0) == i32::from(standby.port())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !on_standby().await {
+        assert!(Instant::now() < deadline, "the standby never served a read");
+    }
+    standby.stop("immediate").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Reads go on (on the primary) while it is down.
+    assert!(!on_standby().await);
+    standby.start_server().unwrap();
+    let up = Instant::now();
+    while !on_standby().await {
+        assert!(
+            up.elapsed() < Duration::from_secs(2),
+            "the standby was not back in rotation 2 s after it answered again"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    pgpipe_test_support::notice(&format!(
+        "a standby back from down was in rotation {:?} after it answered",
+        up.elapsed()
+    ));
+}

@@ -35,7 +35,8 @@ const CHECK_SQL: &str = "SELECT pg_is_in_recovery()::text, \
             ELSE '0/0' END) - '0/0')::int8::text, \
      coalesce((SELECT received_tli FROM pg_stat_wal_receiver), 0)::text";
 
-/// Fastest and slowest re-check while there is no primary.
+/// Fastest and slowest re-check while there is no primary, or a host is
+/// down.
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(25), Duration::from_millis(500));
 
 /// What one check found.
@@ -103,7 +104,7 @@ async fn monitor(hosts: Weak<Hosts>, managers: Vec<Manager>) {
     let mut election = Election::default();
     let mut backoff = BACKOFF.0;
     loop {
-        let trigger = {
+        let (trigger, some_down) = {
             let Some(hosts) = hosts.upgrade() else { return };
             if hosts.is_closed() {
                 return;
@@ -112,14 +113,19 @@ async fn monitor(hosts: Weak<Hosts>, managers: Vec<Manager>) {
             // Taken before any check: a loss from now on is after them.
             let losses: Vec<u64> = hosts.hosts.iter().map(|h| h.signal().losses()).collect();
             let seen = check_all(&managers, &mut conns).await;
+            let some_down = seen.iter().any(Result::is_err);
             election.apply(&hosts, seen, &losses);
             hosts.rounds.fetch_add(1, Ordering::AcqRel);
             hosts.round_done.notify_waiters();
-            Arc::clone(&hosts.trigger)
+            (Arc::clone(&hosts.trigger), some_down)
         };
+        // With no primary, or a host that did not answer, the next round
+        // comes soon: a server back from down (a restarted standby, the
+        // primary's successor) is found within the backoff, not at the
+        // next `host_recheck`.
         let wait = match hosts.upgrade() {
-            Some(hosts) if hosts.elected().is_none() => {
-                let wait = backoff;
+            Some(hosts) if hosts.elected().is_none() || some_down => {
+                let wait = backoff.min(hosts.settings.recheck);
                 backoff = (backoff * 2).min(BACKOFF.1);
                 wait
             }
