@@ -73,6 +73,12 @@ impl Load {
         pool.execute(&format!("CREATE TABLE {marks} (n int8 NOT NULL)"), &[])
             .await
             .unwrap();
+        // Reads go to any standby (no lag bound in most tests): start them
+        // once every member has the tables, or a standby still catching
+        // up from its start answers "relation does not exist".
+        for n in 0..3 {
+            visible_on(&cluster.url(n), &marks).await;
+        }
         let running = Arc::new(AtomicBool::new(true));
         let writers = (0..16i64)
             .map(|task| tokio::spawn(write(pool.clone(), table.clone(), task, running.clone())))
@@ -176,6 +182,26 @@ async fn mark(pool: Pool, marks: String, running: Arc<AtomicBool>) -> Vec<(i64, 
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     acknowledged
+}
+
+/// Waits (up to 60 s) until the server at `url` has `table`.
+async fn visible_on(url: &str, table: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(Ok(client)) = tokio::time::timeout(Duration::from_secs(2), connect(url)).await {
+            let row = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+                .await;
+            if matches!(row, Ok(ref row) if row.get::<_, bool>(0)) {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{table} not visible on {url} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn watch(urls: Vec<String>, running: Arc<AtomicBool>) -> Vec<(usize, Instant, bool)> {
