@@ -243,14 +243,19 @@ async fn commit_rollback_and_drop_end_the_transaction() {
 /// (with the last user's reset), the statements, `COMMIT` (with its own
 /// reset). `get()` and `transaction()` pay a round trip more for the reset
 /// before the `BEGIN`.
+///
+/// Without pipelining, so that the proxy counts the transactions' round
+/// trips only: on a pipelined pool of one connection, a connection given
+/// back is taken for the shared path in the background (a reset of its
+/// own) and handed back to the next `begin()`, sooner or later than that
+/// `begin()` depending on how the runtime schedules the two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_begin_transaction_costs_no_round_trip_of_its_own() {
     let proxy = proxy(Duration::from_millis(2));
     let table = scratch_table("owned_rtt", "id int8").await;
     let pool = builder_via(&proxy, &app("owned_rtt"))
         .max_size(1)
-        .max_exclusive(1)
-        .pipelining(true)
+        .pipelining(false)
         .build()
         .unwrap();
     let insert = format!("INSERT INTO {table} VALUES ($1)");
@@ -259,28 +264,37 @@ async fn a_begin_transaction_costs_no_round_trip_of_its_own() {
         let conn = pool.get().await.unwrap();
         conn.execute(&insert, &[&0i64]).await.unwrap();
     }
-    for i in 1..=3i64 {
+    // Round trips counted by the proxy, the fewest of several tries: a
+    // worker preempted for longer than a round trip between two requests
+    // sent in one go (BEGIN behind the reset, the reset behind COMMIT)
+    // makes them two round trips on the wire. A busy machine can add round
+    // trips, never take one away.
+    let mut fewest = u64::MAX;
+    for i in 1..=4i64 {
         let before = proxy.stats().busy_periods;
         let tx = pool.begin().await.unwrap();
         tx.execute(&insert, &[&i]).await.unwrap();
         tx.commit().await.unwrap();
-        let paid = proxy.stats().busy_periods - before;
-        assert_eq!(paid, 3, "begin() transaction {i}: BEGIN, INSERT, COMMIT");
+        fewest = fewest.min(proxy.stats().busy_periods - before);
     }
-    let before = proxy.stats().busy_periods;
-    {
-        let mut conn = pool.get().await.unwrap();
-        let tx = conn.transaction().await.unwrap();
-        tx.execute(&insert, &[&9i64]).await.unwrap();
+    assert_eq!(fewest, 3, "a begin() transaction: BEGIN, INSERT, COMMIT");
+    let mut fewest = u64::MAX;
+    for i in 0..4i64 {
+        let before = proxy.stats().busy_periods;
+        {
+            let mut conn = pool.get().await.unwrap();
+            let tx = conn.transaction().await.unwrap();
+            tx.execute(&insert, &[&(10 + i)]).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        // The reset this get() owes rides along with the next BEGIN.
+        let tx = pool.begin().await.unwrap();
         tx.commit().await.unwrap();
+        fewest = fewest.min(proxy.stats().busy_periods - before);
     }
-    // The reset this get() owes rides along with the next BEGIN.
-    let tx = pool.begin().await.unwrap();
-    tx.commit().await.unwrap();
-    let paid = proxy.stats().busy_periods - before;
     // get() after a begin(): clean, so BEGIN, INSERT, COMMIT; then begin()
     // with the reset that get() left owed riding along: BEGIN, COMMIT.
-    assert_eq!(paid, 3 + 2);
+    assert_eq!(fewest, 3 + 2);
     drop(pool);
     drop_table(&table).await;
 }
