@@ -119,18 +119,10 @@ async fn results_over_the_cap_fail_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_credentials_fail_fast_and_clearly() {
-    let url = pgpipe_test_support::database_url();
-    let config: tokio_postgres::Config = url.parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let addr = pgpipe_test_support::server_addr();
     for pipelining in [true, false] {
         let pool = pgpipe::Pool::builder()
-            .url(&format!(
-                "postgres://no_such_role_pgpipe@{host}:{port}/postgres"
-            ))
+            .url(&format!("postgres://no_such_role_pgpipe@{addr}/postgres"))
             .pipelining(pipelining)
             .build()
             .unwrap();

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use pgpipe::Pool;
-use pgpipe_test_support::{connect, database_url, unique, with_param};
+use pgpipe_test_support::{connect, database_url, server_url, unique, with_param};
 
 /// A schema of the test's own holding every piece, and the SQL that sets
 /// them up; every function that changes the session moves `search_path`
@@ -80,7 +80,7 @@ async fn user_code_reached_without_naming_it_is_cleaned_behind() {
     admin.batch_execute(&setup(&schema)).await.unwrap();
     // The schema first, as a role's or database's search_path would put it.
     let url = with_param(
-        &as_user(&database_url(), &schema),
+        &server_url(Some(&schema), None, None),
         "options",
         &format!("-c search_path={schema},public"),
     );
@@ -131,19 +131,6 @@ async fn user_code_reached_without_naming_it_is_cleaned_behind() {
         ))
         .await
         .unwrap();
-}
-
-/// `url` with its user replaced by `user`.
-fn as_user(url: &str, user: &str) -> String {
-    let mut config: pgpipe::tokio_postgres::Config = url.parse().unwrap();
-    config.user(user);
-    let host = match config.get_hosts().first() {
-        Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let db = config.get_dbname().unwrap_or("postgres").to_owned();
-    format!("postgres://{user}@{host}:{port}/{db}")
 }
 
 /// A transaction-local setting made by user code under a builtin's name

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use pgpipe::{ErrorKind, Executor, Pool};
-use pgpipe_test_support::{admin, connect, database_url, notice, unique};
+use pgpipe_test_support::{admin, connect, notice, server_url, unique};
 
 /// A database of its own with `remember(text)` and `recall()` in PL/Perl;
 /// its URL. `None` (outside CI) when PL/Perl is not installed.
@@ -37,17 +37,7 @@ async fn database_with_perl() -> Option<(String, String)> {
         .batch_execute(&format!("CREATE DATABASE {name}"))
         .await
         .unwrap();
-    let mut config: pgpipe::tokio_postgres::Config = database_url().parse().unwrap();
-    config.dbname(&name);
-    let url = {
-        let host = match config.get_hosts().first() {
-            Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-            _ => "127.0.0.1".into(),
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        let user = config.get_user().unwrap_or("postgres").to_owned();
-        format!("postgres://{user}@{host}:{port}/{name}")
-    };
+    let url = server_url(None, None, Some(&name));
     let db = connect(&url).await.unwrap();
     db.batch_execute(
         "CREATE EXTENSION plperl;

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use pgpipe::{Pool, PoolBuilder};
 use pgpipe_proxy::Proxy;
-use pgpipe_test_support::{database_url, required_tool, unique, url_with_app, with_param};
+pub(crate) use pgpipe_test_support::server_addr;
+use pgpipe_test_support::{required_tool, server_url, unique, url_with_app, with_param};
 use prometheus::Registry;
 use prometheus::proto::{MetricFamily, MetricType};
 
@@ -47,13 +48,7 @@ pub(crate) fn builder(app: &str) -> PoolBuilder {
 
 /// A latency proxy in front of the test server.
 pub(crate) fn proxy(one_way: Duration) -> Proxy {
-    let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL parses");
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".to_string(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    Proxy::builder(format!("{host}:{port}"))
+    Proxy::builder(server_addr())
         .delay(one_way)
         .start()
         .expect("proxy starts")
@@ -61,10 +56,7 @@ pub(crate) fn proxy(one_way: Duration) -> Proxy {
 
 /// A pool builder whose connections go through `proxy`.
 pub(crate) fn builder_via(proxy: &Proxy, app: &str) -> PoolBuilder {
-    let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL parses");
-    let user = config.get_user().unwrap_or("postgres").to_string();
-    let db = config.get_dbname().unwrap_or("postgres").to_string();
-    let url = format!("postgres://{user}@{}/{db}", proxy.addr());
+    let url = server_url(None, Some(&proxy.addr().to_string()), None);
     Pool::builder()
         .url(&with_param(&url, "application_name", app))
         .wait_timeout(Duration::from_secs(20))
@@ -280,16 +272,4 @@ pub(crate) async fn assert_reads_in_step(pool: &Pool, n: i64) {
             .unwrap();
         assert_eq!(row.get::<_, i64>(0), i);
     }
-}
-
-/// `host:port` of the test server, for a pooler to forward to.
-pub(crate) fn server_addr() -> String {
-    let config: pgpipe::tokio_postgres::Config =
-        pgpipe_test_support::database_url().parse().unwrap();
-    let host = match config.get_hosts().first() {
-        Some(pgpipe::tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-        _ => "127.0.0.1".into(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!("{host}:{port}")
 }

@@ -15,7 +15,7 @@ use prometheus::Registry;
 use tokio::sync::Mutex;
 
 use pgpipe_proxy::Proxy;
-use pgpipe_test_support::{connect, database_url};
+use pgpipe_test_support::{connect, server_url};
 use support::{Scrape, app, builder_via, echo_load, proxy, settle};
 
 /// One accuracy test at a time.
@@ -73,10 +73,7 @@ async fn rtt_once() -> Result<(), String> {
 /// `n` solitary round trips of a prepared `SELECT $1::int8` on a plain
 /// tokio-postgres client through `proxy`, sorted.
 async fn plain_round_trips(proxy: &Proxy, n: usize) -> Vec<Duration> {
-    let config: tokio_postgres::Config = database_url().parse().unwrap();
-    let user = config.get_user().unwrap_or("postgres").to_string();
-    let db = config.get_dbname().unwrap_or("postgres").to_string();
-    let url = format!("postgres://{user}@{}/{db}", proxy.addr());
+    let url = server_url(None, Some(&proxy.addr().to_string()), None);
     let client = connect(&url).await.unwrap();
     let statement = client.prepare("SELECT $1::int8").await.unwrap();
     let mut samples = Vec::with_capacity(n);

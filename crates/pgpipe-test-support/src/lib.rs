@@ -162,6 +162,29 @@ pub fn url_with_app(application_name: &str) -> String {
     with_param(&database_url(), "application_name", application_name)
 }
 
+/// `host:port` of [`database_url`]'s first host (TCP; `127.0.0.1` else),
+/// for a proxy or a pooler to forward to.
+pub fn server_addr() -> String {
+    let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL parses");
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".into(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+/// [`database_url`] with its user, its address (`host:port`) or its
+/// database replaced where given: the test server as another role, through
+/// a proxy, or in a database of the test's own. Without a password.
+pub fn server_url(user: Option<&str>, addr: Option<&str>, db: Option<&str>) -> String {
+    let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL parses");
+    let user = user.unwrap_or(config.get_user().unwrap_or("postgres"));
+    let addr = addr.map_or_else(server_addr, str::to_owned);
+    let db = db.unwrap_or(config.get_dbname().unwrap_or("postgres"));
+    format!("postgres://{user}@{addr}/{db}")
+}
+
 /// Adds `key=value` to a URL's query string.
 pub fn with_param(url: &str, key: &str, value: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
