@@ -12,6 +12,8 @@ use std::time::Duration;
 use pgpipe::Pool;
 use pgpipe_test_support::{connect, database_url, server_url, unique, with_param};
 
+use crate::support::search_path;
+
 /// A schema of the test's own holding every piece, and the SQL that sets
 /// them up; every function that changes the session moves `search_path`
 /// to `pg_catalog` for good (`set_config(…, false)`).
@@ -98,12 +100,7 @@ async fn user_code_reached_without_naming_it_is_cleaned_behind() {
         // The control: on a connection of its own it moves the path.
         let plain = connect(&url).await.unwrap();
         plain.batch_execute(sql).await.unwrap();
-        let moved: String = plain
-            .query_one("SHOW search_path", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(moved, "pg_catalog", "control: {sql}");
+        assert_eq!(search_path(&plain).await, "pg_catalog", "control: {sql}");
         // Through the pool: it runs, and the next task's query (50 ms
         // later, as another request would) finds the path as it was.
         pool.execute(sql, &[]).await.unwrap();
@@ -297,12 +294,7 @@ async fn a_remembered_verdict_is_judged_again_when_user_code_appears() {
     // The control: it moves the path now.
     let plain = connect(&url).await.unwrap();
     plain.batch_execute(sql).await.unwrap();
-    let moved: String = plain
-        .query_one("SHOW search_path", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(moved, "pg_catalog", "control");
+    assert_eq!(search_path(&plain).await, "pg_catalog", "control");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     loop {
         pool.execute(sql, &[]).await.unwrap();

@@ -7,13 +7,7 @@
 use pgpipe::{ErrorKind, Executor, Pool};
 use pgpipe_test_support::{connect, database_url};
 
-async fn search_path(client: &pgpipe::tokio_postgres::Client) -> String {
-    client
-        .query_one("SHOW search_path", &[])
-        .await
-        .unwrap()
-        .get(0)
-}
+use crate::support::{search_path, session_pid};
 
 fn pool() -> Pool {
     Pool::builder()
@@ -104,20 +98,16 @@ async fn an_exclusive_session_that_did_what_no_reset_undoes_is_closed() {
         .max_size(1)
         .build()
         .unwrap();
-    let backend = |rows: Vec<pgpipe::tokio_postgres::Row>| rows[0].get::<_, i32>(0);
     let conn = pool.get().await.unwrap();
-    let first = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+    let first = session_pid(&conn).await;
     drop(conn);
     // The control: a plain checkout comes back to the same session.
     let conn = pool.get().await.unwrap();
-    assert_eq!(
-        backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap()),
-        first
-    );
+    assert_eq!(session_pid(&conn).await, first);
     conn.execute("SELECT setseed(0.25)", &[]).await.unwrap();
     drop(conn);
     let conn = pool.get().await.unwrap();
-    let next = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+    let next = session_pid(&conn).await;
     assert_ne!(next, first, "the seeded session was handed on");
 }
 
@@ -132,7 +122,6 @@ async fn the_raw_client_of_a_checkout_cannot_hand_on_what_no_reset_undoes() {
         .max_size(1)
         .build()
         .unwrap();
-    let backend = |rows: Vec<pgpipe::tokio_postgres::Row>| rows[0].get::<_, i32>(0);
     type Step = fn(&pgpipe::tokio_postgres::Client) -> futures_like::Boxed<'_>;
     let steps: [(&str, Step); 3] = [
         ("batch_execute setseed", |c| {
@@ -147,12 +136,12 @@ async fn the_raw_client_of_a_checkout_cannot_hand_on_what_no_reset_undoes() {
     ];
     for (what, step) in steps {
         let conn = pool.get().await.unwrap();
-        let first = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+        let first = session_pid(&conn).await;
         let raw: &pgpipe::tokio_postgres::Client = &conn;
         step(raw).await.unwrap();
         drop(conn);
         let conn = pool.get().await.unwrap();
-        let next = backend(conn.query("SELECT pg_backend_pid()", &[]).await.unwrap());
+        let next = session_pid(&conn).await;
         assert_ne!(next, first, "{what}: the session was handed on");
     }
 }
@@ -176,15 +165,7 @@ async fn an_atomic_batch_that_did_what_no_reset_undoes_closes_its_connection() {
         .pipelining(true)
         .build()
         .unwrap();
-    let backend = || async {
-        pool.get()
-            .await
-            .unwrap()
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .unwrap()
-            .get::<_, i32>(0)
-    };
+    let backend = || async { session_pid(&pool.get().await.unwrap()).await };
     let first = backend().await;
     let mut batch = pool.atomic_batch();
     batch.execute("SELECT setseed(0.25)", &[]);

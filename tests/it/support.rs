@@ -273,3 +273,22 @@ pub(crate) async fn assert_reads_in_step(pool: &Pool, n: i64) {
         assert_eq!(row.get::<_, i64>(0), i);
     }
 }
+
+/// The session's `search_path`, on a plain client or a checkout.
+pub(crate) async fn search_path(client: &pgpipe::tokio_postgres::Client) -> String {
+    client
+        .query_one("SHOW search_path", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The backend a plain client or a checkout talks to (a pool's next
+/// query: [`backend_pid`]).
+pub(crate) async fn session_pid(client: &pgpipe::tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
