@@ -275,10 +275,12 @@ impl<S> TappedStream<S> {
         self.outbound.capture_sql(!shared);
         let mut lasting = false;
         let pool = &self.pool;
+        // Loaded once per write, at its first SQL.
+        let mut catalog = None;
         self.outbound.feed(bytes, |message| {
             if let Some(body) = message.body {
-                let catalog = pool.catalog_full();
-                lasting |= super::sql_guard::sends_lasting_state(message.kind, body, &catalog);
+                let catalog = catalog.get_or_insert_with(|| pool.catalog_full());
+                lasting |= super::sql_guard::sends_lasting_state(message.kind, body, catalog);
             }
             match message.kind {
                 b'S' => syncs += 1,
