@@ -15,7 +15,10 @@
 //! awareness off, to count its cost the same way; `distinct` makes every
 //! query's text new (a comment with its number), to count what a statement
 //! costs the first time it is seen (the guard's verdict, the statement
-//! cache's prepare). The server comes from `DATABASE_URL`.
+//! cache's prepare), and `read` sends every query through `pool.read()`
+//! (the reads workload: read groups on the primary's read lane). It also
+//! prints the size of the futures `pool.query_one` and
+//! `pool.read().query_one` return. The server comes from `DATABASE_URL`.
 
 use std::time::Instant;
 
@@ -27,6 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let third = args.next();
     let hol = third.as_deref() != Some("hol-off");
     let distinct = third.as_deref() == Some("distinct");
+    let read = third.as_deref() == Some("read");
     let registry = prometheus::Registry::new();
     let mut builder = pgpipe::Pool::builder()
         .url(&pgpipe_test_support::database_url())
@@ -40,6 +44,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let pool = builder.build()?;
     pool.query_one("SELECT $1::int8", &[&0i64]).await?;
+    pool.read().query_one("SELECT $1::int8", &[&0i64]).await?;
+    eprintln!(
+        "future sizes: pool.query_one {} bytes, pool.read().query_one {} bytes",
+        std::mem::size_of_val(&pool.query_one("SELECT $1::int8", &[&0i64])),
+        std::mem::size_of_val(&pool.read().query_one("SELECT $1::int8", &[&0i64])),
+    );
     let start = Instant::now();
     // Eight tasks, so that queries pipeline as they would in a service.
     let tasks: Vec<_> = (0..8)
@@ -51,6 +61,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let row = if distinct {
                         let sql = format!("SELECT $1::int8 /* {v} */");
                         pool.query_one(&sql, &[&v]).await?
+                    } else if read {
+                        pool.read().query_one("SELECT $1::int8", &[&v]).await?
                     } else {
                         pool.query_one("SELECT $1::int8", &[&v]).await?
                     };
