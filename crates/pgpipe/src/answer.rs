@@ -3,6 +3,8 @@
 
 use tokio_postgres::Row;
 
+use crate::error::Error;
+
 /// What a query returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
@@ -45,5 +47,23 @@ impl Answer {
             Answer::Count(n) => *n,
             Answer::Rows(rows) => rows.len() as u64,
         }
+    }
+}
+
+/// The one row of `rows`, or a [`RowCount`](crate::ErrorKind::RowCount) error.
+pub(crate) fn exactly_one(mut rows: Vec<Row>) -> Result<Row, Error> {
+    match rows.len() {
+        1 => Ok(rows.remove(0)),
+        n => Err(Error::row_count("exactly one", n)),
+    }
+}
+
+/// The row of `rows` if there is one; more is a
+/// [`RowCount`](crate::ErrorKind::RowCount) error.
+pub(crate) fn at_most_one(mut rows: Vec<Row>) -> Result<Option<Row>, Error> {
+    match rows.len() {
+        0 => Ok(None),
+        1 => Ok(Some(rows.remove(0))),
+        n => Err(Error::row_count("at most one", n)),
     }
 }

@@ -8,8 +8,10 @@ use tokio_postgres::config::{Host, SslMode};
 use crate::config::{PoolConfig, Routing, SessionCleanup};
 use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
+use crate::hosts::Endpoint;
 use crate::hosts::HostSettings;
-use crate::pool::{Endpoint, Pool, Setup};
+use crate::lane::Setup;
+use crate::pool::Pool;
 use crate::pooler::{Pooler, Prepare};
 use crate::target::{ReplicaFallback, TargetSessionAttrs};
 

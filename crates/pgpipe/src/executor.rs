@@ -5,7 +5,7 @@ use async_trait::async_trait;
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::answer::{Answer, Op};
+use crate::answer::{Answer, Op, at_most_one, exactly_one};
 use crate::error::Error;
 use crate::exclusive::{Connection, OwnedTransaction, Transaction};
 use crate::pool::Pool;
@@ -73,24 +73,6 @@ pub trait Executor: Send + Sync {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
         at_most_one(self.query(sql, params).await?)
-    }
-}
-
-/// The one row of `rows`, or a [`RowCount`](crate::ErrorKind::RowCount) error.
-pub(crate) fn exactly_one(mut rows: Vec<Row>) -> Result<Row, Error> {
-    match rows.len() {
-        1 => Ok(rows.remove(0)),
-        n => Err(Error::row_count("exactly one", n)),
-    }
-}
-
-/// The row of `rows` if there is one; more is a
-/// [`RowCount`](crate::ErrorKind::RowCount) error.
-pub(crate) fn at_most_one(mut rows: Vec<Row>) -> Result<Option<Row>, Error> {
-    match rows.len() {
-        0 => Ok(None),
-        1 => Ok(Some(rows.remove(0))),
-        n => Err(Error::row_count("at most one", n)),
     }
 }
 

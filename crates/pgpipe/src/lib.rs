@@ -33,21 +33,20 @@
 
 mod answer;
 mod batch;
+mod budget;
 mod builder;
-mod catalog;
 mod config;
 mod conn;
 mod error;
 mod exclusive;
 mod executor;
 mod hosts;
-mod housekeeping;
+mod lane;
 mod metrics;
 mod ordered;
 mod pool;
 mod pooler;
 mod protocol;
-mod query;
 mod routed;
 mod shared;
 mod slow;

@@ -3,11 +3,12 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::answer::Op;
+use crate::answer::{Op, at_most_one, exactly_one};
 use crate::batch::Batch;
 use crate::error::Error;
-use crate::executor;
-use crate::pool::Pool;
+use std::sync::Arc;
+
+use crate::hosts::Hosts;
 use crate::slow::Slow;
 use crate::target::Consistency;
 
@@ -22,13 +23,13 @@ use crate::target::Consistency;
 /// more on another host: nothing it did can have been written.
 #[derive(Debug, Clone, Copy)]
 pub struct Routed<'a> {
-    pool: &'a Pool,
+    hosts: &'a Arc<Hosts>,
     consistency: Consistency,
 }
 
 impl<'a> Routed<'a> {
-    pub(crate) fn new(pool: &'a Pool, consistency: Consistency) -> Routed<'a> {
-        Routed { pool, consistency }
+    pub(crate) fn new(hosts: &'a Arc<Hosts>, consistency: Consistency) -> Routed<'a> {
+        Routed { hosts, consistency }
     }
 
     /// As [`Pool::query`], as a read.
@@ -43,7 +44,7 @@ impl<'a> Routed<'a> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
         let answer = self
-            .pool
+            .hosts
             .run_as(sql, params, Op::Query, false, Some(self.consistency))
             .await?;
         Ok(answer.into_rows())
@@ -55,7 +56,7 @@ impl<'a> Routed<'a> {
     ///
     /// As [`query`](Routed::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount).
     pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        executor::exactly_one(self.query(sql, params).await?)
+        exactly_one(self.query(sql, params).await?)
     }
 
     /// As [`Pool::query_opt`], as a read.
@@ -68,7 +69,7 @@ impl<'a> Routed<'a> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        executor::at_most_one(self.query(sql, params).await?)
+        at_most_one(self.query(sql, params).await?)
     }
 
     /// As [`Pool::execute`], as a read: a statement that writes fails with
@@ -79,7 +80,7 @@ impl<'a> Routed<'a> {
     /// As [`query`](Routed::query).
     pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
         let answer = self
-            .pool
+            .hosts
             .run_as(sql, params, Op::Execute, false, Some(self.consistency))
             .await?;
         Ok(answer.rows_affected())
@@ -87,11 +88,11 @@ impl<'a> Routed<'a> {
 
     /// An isolated batch of reads, sent together to one host.
     pub fn batch(&self) -> Batch<'a> {
-        Batch::read(self.pool, self.consistency)
+        Batch::read(self.hosts, self.consistency)
     }
 
     /// The same reads, marked slow; see [`Pool::slow`].
     pub fn slow(&self) -> Slow<'a> {
-        Slow::new(self.pool, Some(self.consistency))
+        Slow::new(self.hosts, Some(self.consistency))
     }
 }

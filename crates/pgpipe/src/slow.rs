@@ -3,23 +3,24 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::answer::Op;
+use crate::answer::{Op, at_most_one, exactly_one};
 use crate::error::Error;
-use crate::executor;
-use crate::pool::Pool;
+use std::sync::Arc;
+
+use crate::hosts::Hosts;
 use crate::target::Consistency;
 
 /// Queries the caller knows to be slow; see [`Pool::slow`].
 #[derive(Debug, Clone, Copy)]
 pub struct Slow<'a> {
-    pool: &'a Pool,
+    hosts: &'a Arc<Hosts>,
     /// Reads through [`Pool::read`](crate::Pool::read): where they may go.
     read: Option<Consistency>,
 }
 
 impl Slow<'_> {
-    pub(crate) fn new(pool: &Pool, read: Option<Consistency>) -> Slow<'_> {
-        Slow { pool, read }
+    pub(crate) fn new(hosts: &Arc<Hosts>, read: Option<Consistency>) -> Slow<'_> {
+        Slow { hosts, read }
     }
 
     /// As [`Pool::query`], marked slow.
@@ -33,7 +34,7 @@ impl Slow<'_> {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
         let answer = self
-            .pool
+            .hosts
             .run_as(sql, params, Op::Query, true, self.read)
             .await?;
         Ok(answer.into_rows())
@@ -45,7 +46,7 @@ impl Slow<'_> {
     ///
     /// As [`Pool::query_one`].
     pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        executor::exactly_one(self.query(sql, params).await?)
+        exactly_one(self.query(sql, params).await?)
     }
 
     /// As [`Pool::query_opt`], marked slow.
@@ -58,7 +59,7 @@ impl Slow<'_> {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        executor::at_most_one(self.query(sql, params).await?)
+        at_most_one(self.query(sql, params).await?)
     }
 
     /// As [`Pool::execute`], marked slow.
@@ -68,7 +69,7 @@ impl Slow<'_> {
     /// As [`Pool::execute`].
     pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
         let answer = self
-            .pool
+            .hosts
             .run_as(sql, params, Op::Execute, true, self.read)
             .await?;
         Ok(answer.rows_affected())

@@ -1,5 +1,7 @@
-//! The one way this crate takes a `std::sync::Mutex`.
+//! The one way this crate takes a `std::sync::Mutex`, and a count held
+//! while a guard lives.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Locks `mutex`, ignoring poison.
@@ -23,4 +25,21 @@ pub(crate) fn read_lock<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
 pub(crate) fn write_lock<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Counts a task as waiting (in `get()`, for a permit, for a connection)
+/// until it stops, however it stops (also when its future is dropped).
+pub(crate) struct Waiting<'a>(&'a AtomicUsize);
+
+impl Waiting<'_> {
+    pub(crate) fn new(count: &AtomicUsize) -> Waiting<'_> {
+        count.fetch_add(1, Ordering::AcqRel);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }

@@ -22,9 +22,9 @@ use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Prepared, Target, Usable};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
-use crate::housekeeping;
+use crate::lane::Lane;
+use crate::lane::housekeeping;
 use crate::ordered::join_in_order;
-use crate::pool::PoolInner;
 use crate::protocol::sql_guard;
 
 /// One request of the pipeline.
@@ -36,7 +36,7 @@ pub(super) enum Step {
 }
 
 impl Batch<'_> {
-    pub(super) async fn run_atomic(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+    pub(super) async fn run_atomic(&self, inner: &Arc<Lane>) -> Result<BatchResults, Error> {
         // Refused before anything is sent, or a connection taken.
         for (i, item) in self.items.iter().enumerate() {
             let refused = params::check_sql_size(item.sql)
@@ -319,10 +319,6 @@ impl LeftBehind {
             .compare_exchange(usize::MAX, item, Ordering::AcqRel, Ordering::Acquire);
     }
 }
-
-/// How many times a batch that could not be sent (its connection died or
-/// was quarantined first) tries another shared connection.
-pub(super) const UNSENT_RETRIES: u32 = 2;
 
 /// `BEGIN`, the items, `COMMIT`.
 pub(super) fn steps(items: usize) -> Vec<Step> {

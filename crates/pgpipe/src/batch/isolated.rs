@@ -9,20 +9,13 @@ use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
+use crate::lane::Lane;
+use crate::lane::retry::Retries;
+use crate::lane::{housekeeping, query};
 use crate::ordered::{each_in_order, join_in_order};
-use crate::pool::PoolInner;
-use crate::{housekeeping, query};
-
-/// How many times items that never left the client (their connection died
-/// first) are sent again on another connection; as for a single query.
-const UNSENT_RETRIES: u32 = 2;
-
-/// How many times items the server skipped in a read group run again; as
-/// for a single read.
-const SKIPPED_RETRIES: u32 = 16;
 
 impl Batch<'_> {
-    pub(super) async fn run_isolated(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+    pub(super) async fn run_isolated(&self, inner: &Arc<Lane>) -> Result<BatchResults, Error> {
         let mut clean = false;
         let mut results: Vec<Option<Result<Answer, Error>>> = self
             .items
@@ -81,7 +74,7 @@ impl Batch<'_> {
     /// one connection takes.
     async fn run_shared(
         &self,
-        inner: &Arc<PoolInner>,
+        inner: &Arc<Lane>,
         pending: &[usize],
         clean: bool,
         results: &mut [Option<Result<Answer, Error>>],
@@ -90,16 +83,17 @@ impl Batch<'_> {
         let depth = inner.config().max_pipeline_depth;
         let deadline = inner.run_settings().query_timeout;
         let mut pending = pending.to_vec();
-        let mut skips = 0;
+        let mut retries = Retries::default();
         loop {
             // Items the server skipped in a read group (a neighbour failed):
             // they never ran, and run again after the others.
             let mut again = Vec::new();
-            let (mut next, mut attempts) = (0, 0);
+            let mut next = 0;
+            retries.new_round();
             while next < pending.len() {
                 let mut place = match router.reserve(false).await {
                     Ok(place) => place,
-                    Err(e) if next == 0 && skips == 0 => return Err(e),
+                    Err(e) if next == 0 && retries.none_skipped() => return Err(e),
                     Err(e) => {
                         for &i in &pending[next..] {
                             results[i] = Some(Err(e.echo(e.kind(), "the batch could not go on")));
@@ -137,15 +131,14 @@ impl Batch<'_> {
                 // may run on another connection without reordering anything.
                 let unsent = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.is_unsent() && !e.is_skipped());
                 let sent = out.len() - out.iter().rev().take_while(|r| unsent(r)).count();
-                let done = if sent < take && attempts < UNSENT_RETRIES {
-                    attempts += 1;
+                let done = if sent < take && retries.take_unsent() {
                     sent
                 } else {
                     take
                 };
                 for (i, result) in indices.iter().zip(out).take(done) {
                     match result {
-                        Some(Err(e)) if e.is_skipped() && skips < SKIPPED_RETRIES => {
+                        Some(Err(e)) if e.is_skipped() && retries.may_skip() => {
                             if let Some(metrics) = inner.metrics() {
                                 metrics.wire.resent.inc();
                             }
@@ -159,7 +152,7 @@ impl Batch<'_> {
             if again.is_empty() {
                 return Ok(());
             }
-            skips += 1;
+            retries.note_skipped_round();
             pending = again;
         }
     }

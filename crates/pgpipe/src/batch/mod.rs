@@ -14,8 +14,10 @@ use tokio_postgres::types::ToSql;
 use crate::answer::{Answer, Op};
 use crate::error::Error;
 use crate::error::ErrorKind;
+use crate::hosts::Hosts;
+use crate::hosts::dispatch::{self, Work};
+use crate::lane::Lane;
 use crate::metrics::Mode;
-use crate::pool::{Pool, PoolInner};
 use crate::target::Consistency;
 use std::sync::Arc;
 
@@ -60,7 +62,7 @@ pub type BatchResults = Vec<Result<Answer, Error>>;
 /// # }
 /// ```
 pub struct Batch<'a> {
-    pool: &'a Pool,
+    hosts: &'a Arc<Hosts>,
     items: Vec<Item<'a>>,
     params: Vec<&'a (dyn ToSql + Sync)>,
     atomic: bool,
@@ -78,9 +80,9 @@ struct Item<'a> {
 }
 
 impl<'a> Batch<'a> {
-    pub(crate) fn new(pool: &'a Pool, atomic: bool) -> Batch<'a> {
+    pub(crate) fn new(hosts: &'a Arc<Hosts>, atomic: bool) -> Batch<'a> {
         Batch {
-            pool,
+            hosts,
             items: Vec::new(),
             params: Vec::new(),
             atomic,
@@ -90,10 +92,10 @@ impl<'a> Batch<'a> {
     }
 
     /// An isolated batch of reads; see [`Routed::batch`](crate::Routed::batch).
-    pub(crate) fn read(pool: &'a Pool, consistency: Consistency) -> Batch<'a> {
+    pub(crate) fn read(hosts: &'a Arc<Hosts>, consistency: Consistency) -> Batch<'a> {
         Batch {
             read: Some(consistency),
-            ..Batch::new(pool, false)
+            ..Batch::new(hosts, false)
         }
     }
 
@@ -148,41 +150,18 @@ impl<'a> Batch<'a> {
             return Ok(Vec::new());
         }
         let start = Instant::now();
-        let hosts = self.pool.hosts();
-        let (results, lane) = match (hosts.single(), self.read) {
-            (Some(host), None) => (
-                self.run_on(&host.write).await,
-                Some(Arc::clone(&host.write)),
-            ),
+        let hosts = self.hosts;
+        let run = |lane| self.run_on(lane);
+        let (results, lane) = match self.read {
             // On the primary; a batch that could not start there (no
             // connection: nothing ran) waits for the next primary within
             // `failover_wait`, as a single write does.
-            (_, None) => {
-                let deadline = hosts.failover_deadline();
-                let mut waits = 0;
-                loop {
-                    let pick = match hosts.writer(deadline).await {
-                        Ok(pick) => pick,
-                        Err(e) => break (Err(e), None),
-                    };
-                    let results = self.run_on(pick.lane).await;
-                    let unsent = results
-                        .as_ref()
-                        .is_err_and(|e| e.kind() == ErrorKind::Connect || e.is_unsent());
-                    if unsent && hosts.wait_to_retry(&mut waits, deadline).await {
-                        continue;
-                    }
-                    break (results, Some(Arc::clone(pick.lane)));
-                }
-            }
-            (_, Some(consistency)) => match hosts.reader(consistency, None).await {
-                Ok(pick) => (self.run_on(pick.lane).await, Some(Arc::clone(pick.lane))),
-                Err(e) => (Err(e), None),
-            },
+            None => dispatch::on_writer(hosts, Work::Batch, run).await,
+            Some(consistency) => dispatch::on_reader(hosts, consistency, Work::Batch, run).await,
         };
         if hosts.single().is_none() {
             match &results {
-                Ok(results) => crate::hosts::dispatch::observe_batch(hosts, results),
+                Ok(results) => dispatch::observe_batch(hosts, results),
                 Err(e) if matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect) => {
                     hosts.recheck();
                 }
@@ -191,7 +170,7 @@ impl<'a> Batch<'a> {
         }
         let Some(pool) = lane else { return results };
         if let Some(metrics) = pool.metrics() {
-            let mode = if self.atomic && !self.shares_a_pipeline(&pool) {
+            let mode = if self.atomic && !self.shares_a_pipeline(pool) {
                 Mode::Exclusive
             } else {
                 pool.mode()
@@ -214,9 +193,9 @@ impl<'a> Batch<'a> {
     }
 
     /// Runs the batch on one lane.
-    async fn run_on(&self, lane: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+    async fn run_on(&self, lane: &Arc<Lane>) -> Result<BatchResults, Error> {
         // Items are judged by what the database's catalog holds.
-        crate::catalog::ready(lane).await;
+        crate::lane::catalog::ready(lane).await;
         let run = async {
             if self.atomic {
                 self.run_atomic(lane).await

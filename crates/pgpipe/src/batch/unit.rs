@@ -14,15 +14,16 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::atomic::{LeftBehind, UNSENT_RETRIES, steps};
+use super::atomic::{LeftBehind, steps};
 use super::{Batch, BatchResults};
 use crate::conn::run::{self, Late, Prepare, Target};
 use crate::conn::state::ConnState;
 use crate::error::{Error, ErrorKind};
+use crate::lane::Lane;
+use crate::lane::query;
+use crate::lane::retry::Retries;
 use crate::metrics::CloseReason;
 use crate::ordered::join_in_order;
-use crate::pool::PoolInner;
-use crate::query;
 use crate::shared::costs::Costs;
 
 /// How a unit's attempt ended, short of answers.
@@ -39,7 +40,7 @@ impl Batch<'_> {
     /// pooler (whose server may change at any ReadyForQuery; the exclusive
     /// path waits for an idle wire there), within one connection's pipeline
     /// depth, and every item one the guard vouches for on the shared path.
-    pub(super) fn shares_a_pipeline(&self, inner: &PoolInner) -> bool {
+    pub(super) fn shares_a_pipeline(&self, inner: &Lane) -> bool {
         *self.unit.get_or_init(|| {
             let config = inner.config();
             config.pipelining
@@ -51,7 +52,7 @@ impl Batch<'_> {
 
     /// Whether an item may leave session state behind: session SQL, or code
     /// the guard cannot read.
-    pub(super) fn needs_cleanup(&self, inner: &PoolInner) -> bool {
+    pub(super) fn needs_cleanup(&self, inner: &Lane) -> bool {
         self.items
             .iter()
             .any(|item| match inner.wire().check(item.sql) {
@@ -63,7 +64,7 @@ impl Batch<'_> {
     /// Whether an item is known to be slow (head-of-line routing's learned
     /// costs): the unit is then routed, and watched for stalls, as a slow
     /// query.
-    fn learned_slow(&self, inner: &PoolInner) -> bool {
+    fn learned_slow(&self, inner: &Lane) -> bool {
         let Some(threshold) = inner.config().slow_query_threshold else {
             return false;
         };
@@ -74,12 +75,12 @@ impl Batch<'_> {
     }
 
     /// Runs the batch as one unit of a shared connection's pipeline.
-    pub(super) async fn run_unit(&self, inner: &Arc<PoolInner>) -> Result<BatchResults, Error> {
+    pub(super) async fn run_unit(&self, inner: &Arc<Lane>) -> Result<BatchResults, Error> {
         let router = inner.router();
         let settings = inner.run_settings();
         let steps = steps(self.items.len());
         let slow = self.learned_slow(inner);
-        let mut attempts = 0;
+        let mut retries = Retries::default();
         loop {
             let mut place = router.reserve(slow).await?;
             place.extend(steps.len() as u64 - 1);
@@ -129,15 +130,11 @@ impl Batch<'_> {
             let (statements, answers) =
                 match run::within_deadline(settings.query_timeout, target, unit, late).await {
                     Ok(Ok(sent)) => sent,
-                    Ok(Err(Stopped::Refused(_, e)))
-                        if e.is_unsent() && attempts < UNSENT_RETRIES =>
-                    {
-                        attempts += 1;
+                    Ok(Err(Stopped::Refused(_, e))) if e.is_unsent() && retries.take_unsent() => {
                         continue; // its connection died first: nothing was sent
                     }
                     Ok(Err(Stopped::Refused(i, e))) => return Ok(self.abort(i, e, false)),
-                    Ok(Err(Stopped::Unusable)) if attempts < UNSENT_RETRIES => {
-                        attempts += 1;
+                    Ok(Err(Stopped::Unusable)) if retries.take_unsent() => {
                         continue; // nothing was sent: another connection
                     }
                     Ok(Err(Stopped::Unusable)) => {

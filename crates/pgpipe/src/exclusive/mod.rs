@@ -4,9 +4,10 @@
 //! ([`OwnedTransaction`], whose session resets ride along with its `BEGIN`
 //! and `COMMIT`).
 //!
-//! [`Exclusive`] owns the `max_exclusive` permits, the [`Claims`] (how many
-//! connections exclusive users hold, and which tasks), and the deadlock
-//! check. Exclusive checkouts and shared connections draw from one
+//! [`Exclusive`] owns the `max_exclusive` permits, the
+//! [`Claims`](crate::budget::Claims) (how many connections exclusive users
+//! hold, and which tasks; in [`budget`](crate::budget), which the router
+//! reads too), and the deadlock check. Exclusive checkouts and shared connections draw from one
 //! `max_size`: the router reads the claims to know how many connections it
 //! may keep, and a checkout that finds every connection shared asks the
 //! router to make one drain ([`Router::rebalance`]); giving a claim back
@@ -16,8 +17,8 @@ mod connection;
 mod owned;
 mod transaction;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool::managed::Timeouts;
@@ -29,6 +30,7 @@ pub(crate) use owned::NotBegun;
 pub use owned::OwnedTransaction;
 pub use transaction::Transaction;
 
+use crate::budget::{Claims, Owner};
 use crate::config::deadline_after;
 use crate::conn::Manager;
 use crate::conn::manager::CALLER_RESETS;
@@ -36,87 +38,7 @@ use crate::conn::run::RunSettings;
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Metrics;
 use crate::shared::Router;
-use crate::sync::lock;
-
-/// Connections claimed by exclusive checkouts, and the tasks holding them.
-#[derive(Debug)]
-pub(crate) struct Claims {
-    owners: Mutex<Vec<Owner>>,
-    count: AtomicUsize,
-    /// Tasks waiting in `get()` for one of the `max_exclusive` places.
-    queued: AtomicUsize,
-    max_exclusive: usize,
-}
-
-impl Claims {
-    fn new(max_exclusive: usize) -> Claims {
-        Claims {
-            owners: Mutex::default(),
-            count: AtomicUsize::new(0),
-            queued: AtomicUsize::new(0),
-            max_exclusive,
-        }
-    }
-
-    /// How many connections exclusive users hold (or are about to).
-    pub(crate) fn claimed(&self) -> usize {
-        self.count.load(Ordering::Acquire)
-    }
-
-    /// How many connections the shared path must leave to exclusive users:
-    /// those they hold and, up to `max_exclusive`, one for each task waiting
-    /// in `get()`. A connection given back while others wait then goes
-    /// straight to the next of them: were the shared path's limit to rise
-    /// for that instant, an open started then could take the connection
-    /// (if the waiter is slow to run), and the waiter would make a shared
-    /// connection drain instead (a test catches that about one run in six
-    /// on a busy machine without this).
-    pub(crate) fn reserved(&self) -> usize {
-        let waiting = self.queued.load(Ordering::Acquire);
-        let claimed = self.claimed();
-        (claimed + waiting).min(self.max_exclusive.max(claimed))
-    }
-
-    /// True when the current task holds every claim there is: waiting for
-    /// another connection would wait for itself.
-    pub(crate) fn all_mine(&self) -> bool {
-        let me = Owner::current();
-        let owners = lock(&self.owners);
-        !owners.is_empty() && owners.iter().all(|o| *o == me)
-    }
-
-    fn add(&self, owner: Owner) {
-        lock(&self.owners).push(owner);
-        self.count.fetch_add(1, Ordering::AcqRel);
-    }
-
-    fn remove(&self, owner: Owner) {
-        {
-            let mut owners = lock(&self.owners);
-            if let Some(i) = owners.iter().position(|o| *o == owner) {
-                owners.swap_remove(i);
-            }
-        }
-        self.count.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Who took a claim: the task, or, for code outside any task (a
-/// `block_on`, `#[tokio::test]`'s body), the thread that runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Owner {
-    Task(tokio::task::Id),
-    Thread(std::thread::ThreadId),
-}
-
-impl Owner {
-    fn current() -> Owner {
-        match tokio::task::try_id() {
-            Some(id) => Owner::Task(id),
-            None => Owner::Thread(std::thread::current().id()),
-        }
-    }
-}
+use crate::sync::Waiting;
 
 /// One of the `max_exclusive` places for exclusive checkouts, and the task
 /// that took it (to recognise a task that would wait for itself).
@@ -132,23 +54,6 @@ impl Drop for Claim {
         self.claims.remove(self.owner);
         // The shared path may use one more connection now.
         self.router.dispatch();
-    }
-}
-
-/// Counts a task as waiting in `get()` until it stops, however it stops
-/// (also when its future is dropped).
-pub(crate) struct Waiting<'a>(&'a AtomicUsize);
-
-impl Waiting<'_> {
-    fn new(count: &AtomicUsize) -> Waiting<'_> {
-        count.fetch_add(1, Ordering::AcqRel);
-        Waiting(count)
-    }
-}
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -275,7 +180,7 @@ impl Exclusive {
             Err(TryAcquireError::NoPermits) => {
                 self.would_wait_for_itself()?;
                 let waiting = Waiting::new(&self.waiting_permit);
-                let queued = Waiting::new(&self.claims.queued);
+                let queued = self.claims.waiting();
                 let permits = Arc::clone(&self.permits);
                 let acquired = tokio::time::timeout_at(deadline, permits.acquire_owned()).await;
                 drop(waiting);

@@ -1,47 +1,48 @@
-//! Sends work to a host's lane, and runs it again only where nothing can
-//! have been written:
+//! The one dispatcher: every piece of work that needs a host (a query, a
+//! batch, a checkout, and so `begin()`) picks its lane here and runs again
+//! here, only where nothing can have been written:
 //!
 //! - a write refused as read-only (25006, or 0A000 "… during recovery"):
 //!   the host it reached is no primary. The statement ran in an implicit
-//!   transaction that the error aborted, so it is run once more on the
-//!   primary the next check elects;
+//!   transaction that the error aborted, so a query is run once more on
+//!   the primary the next check elects;
 //! - a read on a standby cancelled by a recovery conflict (40001), or whose
-//!   connection to a standby broke: a standby writes nothing, so it runs
-//!   once more on another host.
-//!
-//! - a write that was never sent (its connection could not be opened, or
+//!   connection to a standby broke: a standby writes nothing, so a query
+//!   runs once more on another host;
+//! - work that was never sent (its connection could not be opened, or
 //!   broke before it went out) while `failover_wait` lasts: it waits for
-//!   the next primary.
+//!   the next primary. A checkout waits only when no connection could be
+//!   opened (its own timeout is its caller's).
 //!
 //! A write whose connection broke (`ConnectionLost`) may have committed and
 //! is never run again; it only makes the monitor check every host now.
+//! Within one lane, [`retry`](crate::lane::retry) decides what runs again on
+//! another connection; this module decides what runs again on another host.
 
+use std::future::Future;
 use std::sync::Arc;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
 use super::Hosts;
 use crate::answer::{Answer, Op};
 use crate::error::{Error, ErrorKind};
+use crate::lane::Lane;
+use crate::lane::query as one;
 use crate::metrics::hosts::{RetryReason, RouteLabel};
-use crate::pool::PoolInner;
-use crate::query as one;
-use crate::target::Consistency;
-use tokio_postgres::types::ToSql;
+use crate::target::{Consistency, TargetSessionAttrs};
 
-/// One query to run wherever dispatch sends it.
-#[derive(Clone, Copy)]
-pub(crate) struct Query<'a> {
-    pub(crate) sql: &'a str,
-    pub(crate) params: &'a [&'a (dyn ToSql + Sync)],
-    pub(crate) op: Op,
-    pub(crate) slow: bool,
+/// What is dispatched, which decides what may run again on another host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Work {
+    /// One query: counted by route, run again as the module doc says.
+    Query,
+    /// A batch: a write batch waits for the next primary when nothing was
+    /// sent; a batch is never run again once sent, and a read batch never
+    /// runs again.
+    Batch,
 }
-
-impl Query<'_> {
-    async fn run(&self, lane: &Arc<PoolInner>) -> Result<Answer, Error> {
-        one::run(lane, self.sql, self.params, self.op, self.slow).await
-    }
-}
-use tokio_postgres::error::SqlState;
 
 /// The role-related SQLSTATE of `error`, if it has one.
 fn role_error(error: &Error) -> Option<&'static str> {
@@ -60,21 +61,36 @@ fn role_error(error: &Error) -> Option<&'static str> {
     }
 }
 
-/// Runs `work` on the primary's write lane: once more on the next elected
-/// primary if the host it reached turned out read-only.
-pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer, Error> {
+/// Runs `work` on the primary's write lane (with one host, its only lane),
+/// and again where the module doc says; returns the result and the lane it
+/// ran on last, if any.
+pub(crate) async fn on_writer<'h, T, F, Fut>(
+    hosts: &'h Arc<Hosts>,
+    kind: Work,
+    mut work: F,
+) -> (Result<T, Error>, Option<&'h Arc<Lane>>)
+where
+    F: FnMut(&'h Arc<Lane>) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    if let Some(host) = hosts.single() {
+        return (work(&host.write).await, Some(&host.write));
+    }
     let (mut retried, mut waits) = (false, 0);
     // One bound for the whole write, however many times it waits.
     let failover_deadline = hosts.failover_deadline();
     loop {
-        let pick = hosts.writer(failover_deadline).await?;
-        if let Some(metrics) = &hosts.metrics {
+        let pick = match hosts.writer(failover_deadline).await {
+            Ok(pick) => pick,
+            Err(e) => return (Err(e), None),
+        };
+        if let (Some(metrics), Work::Query) = (&hosts.metrics, kind) {
             metrics.routed(RouteLabel::Primary);
         }
-        let result = query.run(pick.lane).await;
+        let result = work(pick.lane).await;
         if let Err(error) = &result {
             match role_error(error) {
-                Some(code @ ("25006" | "0A000")) => {
+                Some(code @ ("25006" | "0A000")) if kind == Work::Query => {
                     if let Some(metrics) = &hosts.metrics {
                         metrics.role_error(code);
                     }
@@ -99,43 +115,42 @@ pub(crate) async fn write(hosts: &Arc<Hosts>, query: Query<'_>) -> Result<Answer
                         continue;
                     }
                 }
-                _ if error.kind() == ErrorKind::ConnectionLost => hosts.suspect(pick.host),
+                _ if kind == Work::Query && error.kind() == ErrorKind::ConnectionLost => {
+                    hosts.suspect(pick.host);
+                }
                 _ => {}
             }
         }
-        return result;
+        return (result, Some(pick.lane));
     }
 }
 
-/// What a batch's results tell the monitor: a role error or a lost
-/// connection asks for a round of checks now (a batch is never run again).
-pub(crate) fn observe_batch(hosts: &Hosts, results: &[Result<Answer, Error>]) {
-    let suspicious = results.iter().any(|result| {
-        result.as_ref().is_err_and(|e| {
-            matches!(role_error(e), Some("25006" | "0A000"))
-                || matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect)
-        })
-    });
-    if suspicious {
-        hosts.recheck();
-    }
-}
-
-/// Runs `work` on a read lane fit for `consistency`: once more on another
-/// host if a standby cancelled it for a recovery conflict or lost its
-/// connection.
-pub(crate) async fn read(
-    hosts: &Arc<Hosts>,
+/// Runs `work` on a read lane fit for `consistency`: a query once more on
+/// another host if a standby cancelled it for a recovery conflict or lost
+/// its connection; returns the result and the lane it ran on last, if any.
+pub(crate) async fn on_reader<'h, T, F, Fut>(
+    hosts: &'h Arc<Hosts>,
     consistency: Consistency,
-    query: Query<'_>,
-) -> Result<Answer, Error> {
+    kind: Work,
+    mut work: F,
+) -> (Result<T, Error>, Option<&'h Arc<Lane>>)
+where
+    F: FnMut(&'h Arc<Lane>) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
     let mut exclude = None;
     loop {
-        let pick = hosts.reader(consistency, exclude).await?;
+        let pick = match hosts.reader(consistency, exclude).await {
+            Ok(pick) => pick,
+            Err(e) => return (Err(e), None),
+        };
+        if kind == Work::Batch {
+            return (work(pick.lane).await, Some(pick.lane));
+        }
         if let Some(metrics) = &hosts.metrics {
             metrics.routed(pick.route);
         }
-        let result = query.run(pick.lane).await;
+        let result = work(pick.lane).await;
         if let Err(error) = &result {
             let code = role_error(error);
             if let (Some(metrics), Some(code)) = (&hosts.metrics, code) {
@@ -174,6 +189,86 @@ pub(crate) async fn read(
                 continue;
             }
         }
+        return (result, Some(pick.lane));
+    }
+}
+
+/// Runs `work` (a checkout) on the lane `target` names: with several
+/// hosts, when no connection could be opened there (the host may be gone),
+/// again after a round of checks within `failover_wait`.
+pub(crate) async fn on_target<'h, T, F, Fut>(
+    hosts: &'h Arc<Hosts>,
+    target: TargetSessionAttrs,
+    mut work: F,
+) -> Result<T, Error>
+where
+    F: FnMut(&'h Arc<Lane>) -> Fut,
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let deadline = hosts.failover_deadline();
+    let mut waits = 0;
+    loop {
+        let result = match hosts.lane_for(target).await {
+            Ok(lane) => work(lane).await,
+            Err(e) => Err(e),
+        };
+        let refused = result
+            .as_ref()
+            .is_err_and(|e| e.kind() == ErrorKind::Connect);
+        if refused && hosts.single().is_none() && hosts.wait_to_retry(&mut waits, deadline).await {
+            continue;
+        }
         return result;
+    }
+}
+
+/// What a batch's results tell the monitor: a role error or a lost
+/// connection asks for a round of checks now (a batch is never run again).
+pub(crate) fn observe_batch(hosts: &Hosts, results: &[Result<Answer, Error>]) {
+    let suspicious = results.iter().any(|result| {
+        result.as_ref().is_err_and(|e| {
+            matches!(role_error(e), Some("25006" | "0A000"))
+                || matches!(e.kind(), ErrorKind::ConnectionLost | ErrorKind::Connect)
+        })
+    });
+    if suspicious {
+        hosts.recheck();
+    }
+}
+
+impl Hosts {
+    /// Runs one query on the primary; `slow` is the caller's word that it
+    /// is slow. With one host the query goes straight to its lane: the
+    /// query future carries nothing of the dispatcher.
+    pub(crate) async fn run(
+        self: &Arc<Self>,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+        slow: bool,
+    ) -> Result<Answer, Error> {
+        if let Some(host) = self.single() {
+            return one::run(&host.write, sql, params, op, slow).await;
+        }
+        let run = |lane| one::run(lane, sql, params, op, slow);
+        on_writer(self, Work::Query, run).await.0
+    }
+
+    /// Runs one query on the primary, or as a read of `read`.
+    pub(crate) async fn run_as(
+        self: &Arc<Self>,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+        slow: bool,
+        read: Option<Consistency>,
+    ) -> Result<Answer, Error> {
+        match read {
+            None => self.run(sql, params, op, slow).await,
+            Some(consistency) => {
+                let run = |lane| one::run(lane, sql, params, op, slow);
+                on_reader(self, consistency, Work::Query, run).await.0
+            }
+        }
     }
 }

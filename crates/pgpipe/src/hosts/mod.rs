@@ -14,6 +14,7 @@
 //! Routing reads the election from atomics; it never waits on the monitor
 //! unless there is no primary and `failover_wait` allows a wait.
 
+mod build;
 mod check;
 pub(crate) mod dispatch;
 mod election;
@@ -29,12 +30,13 @@ use tokio::sync::Notify;
 use crate::config::deadline_after;
 use crate::conn::HostSignal;
 use crate::error::{Error, ErrorKind};
+use crate::lane::{Lane, LaneRecipe};
 use crate::metrics::HostMetrics;
 use crate::metrics::hosts::{FallbackReason, RetryReason, RouteLabel};
-use crate::pool::{LaneRecipe, PoolInner};
 use crate::sync::lock;
 use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
 
+pub(crate) use build::Endpoint;
 pub(crate) use check::start_monitor;
 
 /// No primary elected.
@@ -45,9 +47,9 @@ const NONE: usize = usize::MAX;
 pub(crate) struct Host {
     /// `host:port` as configured: its `host` label.
     pub(crate) label: String,
-    pub(crate) write: Arc<PoolInner>,
+    pub(crate) write: Arc<Lane>,
     /// Made at its first use: see [`Hosts::read_lane`].
-    read: OnceLock<Arc<PoolInner>>,
+    read: OnceLock<Arc<Lane>>,
     read_recipe: LaneRecipe,
     /// A standby within the lag bound, up at the last check.
     in_rotation: AtomicBool,
@@ -75,7 +77,7 @@ pub(crate) struct Host {
 }
 
 impl Host {
-    pub(crate) fn new(label: String, write: Arc<PoolInner>, read: LaneRecipe) -> Host {
+    pub(crate) fn new(label: String, write: Arc<Lane>, read: LaneRecipe) -> Host {
         Host {
             label,
             write,
@@ -117,7 +119,7 @@ impl Host {
     }
 
     /// Its read lane, if one was made.
-    pub(crate) fn read_made(&self) -> Option<&Arc<PoolInner>> {
+    pub(crate) fn read_made(&self) -> Option<&Arc<Lane>> {
         self.read.get()
     }
 }
@@ -176,7 +178,7 @@ impl Drop for Hosts {
 /// Where a query goes: the lane, its host's index, and the route.
 #[derive(Debug)]
 pub(crate) struct Pick<'a> {
-    pub(crate) lane: &'a Arc<PoolInner>,
+    pub(crate) lane: &'a Arc<Lane>,
     pub(crate) host: usize,
     pub(crate) route: RouteLabel,
 }
@@ -217,7 +219,7 @@ impl Hosts {
 
     /// The read lane of host `i`, made at its first use (closed at once if
     /// the pool is closed).
-    pub(crate) fn read_lane(&self, i: usize) -> &Arc<PoolInner> {
+    pub(crate) fn read_lane(&self, i: usize) -> &Arc<Lane> {
         let host = &self.hosts[i];
         if let Some(lane) = host.read.get() {
             return lane;
@@ -515,7 +517,7 @@ impl Hosts {
     pub(crate) async fn lane_for(
         self: &Arc<Self>,
         target: TargetSessionAttrs,
-    ) -> Result<&Arc<PoolInner>, Error> {
+    ) -> Result<&Arc<Lane>, Error> {
         use TargetSessionAttrs as T;
         if let Some(host) = self.single() {
             return Ok(match target {

@@ -14,7 +14,7 @@
 //! ([`open`]), learned costs ([`costs`]), the batch window
 //! ([`batch_window`]) and the housekeeping passes over shared connections
 //! ([`upkeep`]). It reads one thing it does not own: how many connections
-//! exclusive checkouts have claimed ([`Claims`]), which bounds how many it
+//! exclusive checkouts have claimed ([`Claims`](crate::budget::Claims)), which bounds how many it
 //! may hold.
 
 pub(crate) mod admission;
@@ -39,10 +39,10 @@ use costs::Costs;
 use open::OpenFailure;
 use queue::WaitQueue;
 
+use crate::budget::Claims;
 use crate::config::{PoolConfig, Routing};
 use crate::conn::{Manager, PoolWire};
 use crate::error::Error;
-use crate::exclusive::Claims;
 use crate::metrics::Metrics;
 
 /// The shared path's owner; see the module docs.

@@ -16,33 +16,23 @@ use std::time::Instant;
 
 use tokio_postgres::types::ToSql;
 
+use super::Lane;
+use super::housekeeping;
+use super::retry::Retries;
 use crate::answer::{Answer, Op};
 use crate::config::SessionCleanup;
 use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
-use crate::housekeeping;
 use crate::metrics::Counting;
-use crate::pool::PoolInner;
 use crate::protocol::sql_guard::Code;
 use crate::shared::costs::{CostKey, Costs};
 use crate::trace::Trace;
 
-/// How many times a query that never left the client (its connection died
-/// first) is run on another connection: twice more, so that one connection
-/// dying under a burst does not fail queries that never reached it, while a
-/// server that drops every connection fails them fast.
-const UNSENT_RETRIES: u32 = 2;
-
-/// How many times a read the server skipped (a neighbour in its read group
-/// failed) is run again: each time it lands in a new group, so only a run
-/// of failing neighbours that long could make its caller see the skip.
-const SKIPPED_RETRIES: u32 = 16;
-
 /// The span of one query, with the `tracing` feature; see
 /// [`trace`](crate::trace) for its fields.
 #[cfg(feature = "tracing")]
-fn span(pool: &PoolInner, sql: &str, slow: bool) -> tracing::Span {
+fn span(pool: &Lane, sql: &str, slow: bool) -> tracing::Span {
     tracing::info_span!(
         target: "pgpipe",
         "pgpipe.query",
@@ -59,7 +49,7 @@ fn span(pool: &PoolInner, sql: &str, slow: bool) -> tracing::Span {
 /// Runs one query, in its span with the `tracing` feature; `slow` is the
 /// caller's word that it is slow.
 pub(crate) async fn run(
-    pool: &Arc<PoolInner>,
+    pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
@@ -80,7 +70,7 @@ pub(crate) async fn run(
 
 /// [`run`], counted in the metrics.
 async fn observed(
-    pool: &Arc<PoolInner>,
+    pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
@@ -113,7 +103,7 @@ struct Watch<'a> {
 }
 
 async fn run_unobserved(
-    pool: &Arc<PoolInner>,
+    pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
@@ -126,7 +116,7 @@ async fn run_unobserved(
     }
     housekeeping::start(pool);
     if !pool.wire().catalog_tried() {
-        crate::catalog::ready(pool).await;
+        crate::lane::catalog::ready(pool).await;
         code = pool.wire().check(sql)?;
     }
     let clean = needs_cleanup(pool, code);
@@ -143,7 +133,7 @@ async fn run_unobserved(
 /// Runs SQL of the pool's own that reads only the catalog with built-in
 /// functions: no guard, no cleanup, no wait for the catalog (it is the
 /// query that learns it).
-pub(crate) async fn run_internal(pool: &Arc<PoolInner>, sql: &str) -> Result<Answer, Error> {
+pub(crate) async fn run_internal(pool: &Arc<Lane>, sql: &str) -> Result<Answer, Error> {
     if !pool.config().pipelining {
         let conn = pool.checkout(Holder::Pool).await?;
         let target = conn.pg_conn().target();
@@ -165,7 +155,7 @@ pub(crate) async fn run_internal(pool: &Arc<PoolInner>, sql: &str) -> Result<Ans
 
 /// Whether the session is cleaned right behind this query (see
 /// [`SessionCleanup`]).
-pub(crate) fn needs_cleanup(pool: &PoolInner, code: Code) -> bool {
+pub(crate) fn needs_cleanup(pool: &Lane, code: Code) -> bool {
     let config = pool.config();
     // Behind a transaction pooler there is no session of the connection's
     // own to clean (and a cleanup pipelined behind a query would be a
@@ -176,7 +166,7 @@ pub(crate) fn needs_cleanup(pool: &PoolInner, code: Code) -> bool {
 
 /// Runs a query on the shared path.
 async fn run_shared(
-    pool: &Arc<PoolInner>,
+    pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
@@ -188,10 +178,10 @@ async fn run_shared(
     let router = pool.router();
     let settings = pool.run_settings();
     let cost = Cost::of(pool, sql, slow);
-    let (mut attempts, mut skips) = (0, 0);
+    let mut retries = Retries::default();
     loop {
         let place = router.reserve(cost.is_slow()).await;
-        if attempts == 0 {
+        if retries.none_unsent() {
             // Failed waits too: they are the longest.
             pool.waited(waiting);
         }
@@ -220,14 +210,13 @@ async fn run_shared(
         match result {
             // Skipped by the server behind a neighbour's failure in its read
             // group: it never ran, and it is not the caller's failure.
-            Err(e) if e.is_skipped() && skips < SKIPPED_RETRIES => {
-                skips += 1;
+            Err(e) if e.is_skipped() && retries.take_skipped() => {
                 if let Some(metrics) = pool.metrics() {
                     metrics.wire.resent.inc();
                 }
             }
             // Never sent: run it on another connection. Once sent, never again.
-            Err(e) if e.is_unsent() && attempts < UNSENT_RETRIES => attempts += 1,
+            Err(e) if e.is_unsent() && retries.take_unsent() => {}
             result => return result,
         }
     }
@@ -239,7 +228,7 @@ async fn run_shared(
 struct Cost(Option<(CostKey, bool)>);
 
 impl Cost {
-    fn of(pool: &PoolInner, sql: &str, slow: bool) -> Cost {
+    fn of(pool: &Lane, sql: &str, slow: bool) -> Cost {
         Cost(pool.config().slow_query_threshold.map(|threshold| {
             let key = Costs::key(sql);
             (key, slow || pool.router().costs().is_slow(key, threshold))

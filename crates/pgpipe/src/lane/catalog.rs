@@ -16,9 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::pool::PoolInner;
+use crate::lane::Lane;
+use crate::lane::query;
 use crate::protocol::catalog::{CATALOG_SQL, Catalog};
-use crate::query;
 
 /// Housekeeping ticks between two loads.
 pub(crate) const REFRESH_TICKS: u64 = 100;
@@ -27,7 +27,7 @@ pub(crate) const REFRESH_TICKS: u64 = 100;
 const FIRST_LOAD_PATIENCE: Duration = Duration::from_secs(2);
 
 /// Loads the catalog again, unless a load is under way.
-pub(crate) async fn refresh(lane: Arc<PoolInner>) {
+pub(crate) async fn refresh(lane: Arc<Lane>) {
     let wire = lane.wire();
     let Ok(_loading) = wire.catalog_loading.try_lock() else {
         return;
@@ -38,16 +38,16 @@ pub(crate) async fn refresh(lane: Arc<PoolInner>) {
 
 /// Before a statement on `lane` is judged: the lane's first load, if none
 /// was tried yet (waited for, bounded).
-pub(crate) async fn ready(lane: &Arc<PoolInner>) {
+pub(crate) async fn ready(lane: &Arc<Lane>) {
     if !lane.wire().catalog_tried() {
-        crate::housekeeping::start(lane);
+        crate::lane::housekeeping::start(lane);
         // Boxed: once per lane.
         Box::pin(first_load(lane)).await;
     }
 }
 
 /// The lane's first load, waited for (bounded) by the query that needs it.
-async fn first_load(lane: &Arc<PoolInner>) {
+async fn first_load(lane: &Arc<Lane>) {
     let wire = lane.wire();
     let Ok(_loading) = tokio::time::timeout(FIRST_LOAD_PATIENCE, wire.catalog_loading.lock()).await
     else {
@@ -60,7 +60,7 @@ async fn first_load(lane: &Arc<PoolInner>) {
     wire.tried_catalog();
 }
 
-async fn load(lane: &Arc<PoolInner>) {
+async fn load(lane: &Arc<Lane>) {
     match query::run_internal(lane, CATALOG_SQL).await {
         Ok(answer) => {
             let rows = answer.rows();

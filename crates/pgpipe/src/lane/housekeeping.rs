@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::pool::PoolInner;
+use crate::lane::Lane;
 
 /// How often the pool's housekeeping runs, and so the tick of its clock.
 const TICK: Duration = Duration::from_millis(100);
@@ -16,14 +16,14 @@ const WINDOW_TICKS: u64 = 50;
 /// Starts the housekeeping task on first use (the builder may run outside a
 /// runtime, so it cannot start it). It holds only a weak reference and ends
 /// when the pool is dropped or closed.
-pub(crate) fn start(pool: &Arc<PoolInner>) {
+pub(crate) fn start(pool: &Arc<Lane>) {
     if pool.claim_housekeeping() {
         pool.router().top_up();
         tokio::spawn(run(Arc::downgrade(pool)));
     }
 }
 
-async fn run(pool: Weak<PoolInner>) {
+async fn run(pool: Weak<Lane>) {
     let mut interval = tokio::time::interval(TICK);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -34,8 +34,8 @@ async fn run(pool: Weak<PoolInner>) {
         }
         let wire = pool.wire();
         let tick = wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        if tick % crate::catalog::REFRESH_TICKS == 0 || wire.take_catalog_suspect() {
-            tokio::spawn(crate::catalog::refresh(Arc::clone(&pool)));
+        if tick % crate::lane::catalog::REFRESH_TICKS == 0 || wire.take_catalog_suspect() {
+            tokio::spawn(crate::lane::catalog::refresh(Arc::clone(&pool)));
         }
         let rotate = tick % WINDOW_TICKS == 0;
         if rotate {
