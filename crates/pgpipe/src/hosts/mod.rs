@@ -18,11 +18,13 @@ mod build;
 mod check;
 pub(crate) mod dispatch;
 mod election;
+mod host;
 mod lag;
+mod pick;
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -30,99 +32,18 @@ use tokio::sync::Notify;
 use crate::config::deadline_after;
 use crate::conn::HostSignal;
 use crate::error::{Error, ErrorKind};
-use crate::lane::{Lane, LaneRecipe};
+use crate::lane::Lane;
 use crate::metrics::HostMetrics;
-use crate::metrics::hosts::{FallbackReason, RetryReason, RouteLabel};
+use crate::metrics::hosts::RetryReason;
 use crate::sync::lock;
-use crate::target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
+use crate::target::{ReplicaFallback, TargetSessionAttrs};
 
 pub(crate) use build::Endpoint;
 pub(crate) use check::start_monitor;
+pub(crate) use host::Host;
 
 /// No primary elected.
 const NONE: usize = usize::MAX;
-
-/// One configured host.
-#[derive(Debug)]
-pub(crate) struct Host {
-    /// `host:port` as configured: its `host` label.
-    pub(crate) label: String,
-    pub(crate) write: Arc<Lane>,
-    /// Made at its first use: see [`Hosts::read_lane`].
-    read: OnceLock<Arc<Lane>>,
-    read_recipe: LaneRecipe,
-    /// A standby within the lag bound, up at the last check.
-    in_rotation: AtomicBool,
-    /// Known to be a standby at the last check.
-    standby: AtomicBool,
-    /// Its replay position at the last check (standbys).
-    replay_lsn: AtomicU64,
-    /// A replay position it must pass before it serves a read-your-writes
-    /// token: just past where it was when the primary's timeline changed.
-    /// A standby still on the old timeline (one that was ahead of the
-    /// promoted one, and so diverged) never moves, so its old position,
-    /// however high, never vouches for a write on the new timeline.
-    token_floor: AtomicU64,
-    /// The timeline it receives WAL on, when the pool's role may read it
-    /// (`pg_stat_wal_receiver.received_tli` needs `pg_read_all_stats`);
-    /// 0 when unknown, and the floor above decides alone.
-    received_timeline: AtomicU32,
-    /// What the last check found, for error messages.
-    last_seen: std::sync::Mutex<String>,
-    /// What its connections tell the monitor; set when the hosts are made.
-    signal: OnceLock<Arc<HostSignal>>,
-    /// [`HostSignal::losses`] when the last check that found it a standby
-    /// started: while the count is still this, that check vouches for it.
-    vouched_losses: AtomicU64,
-}
-
-impl Host {
-    pub(crate) fn new(label: String, write: Arc<Lane>, read: LaneRecipe) -> Host {
-        Host {
-            label,
-            write,
-            read: OnceLock::new(),
-            read_recipe: read,
-            in_rotation: AtomicBool::new(false),
-            standby: AtomicBool::new(false),
-            replay_lsn: AtomicU64::new(0),
-            token_floor: AtomicU64::new(0),
-            received_timeline: AtomicU32::new(0),
-            last_seen: std::sync::Mutex::new("not checked yet".into()),
-            signal: OnceLock::new(),
-            vouched_losses: AtomicU64::new(0),
-        }
-    }
-
-    /// What its connections tell the monitor.
-    pub(crate) fn signal(&self) -> &Arc<HostSignal> {
-        self.signal.get().expect("set when the hosts are made")
-    }
-
-    /// Whether no connection to it was lost since its last check began: a
-    /// server that restarted (perhaps behind where it was checked) ended
-    /// every connection to it first, so a loss leaves nothing the check
-    /// found standing until the next one.
-    fn vouched(&self) -> bool {
-        self.signal().losses() == self.vouched_losses.load(Ordering::Acquire)
-    }
-
-    /// Whether it is known to have replayed `token`: past its position, on
-    /// its timeline when the standby's is known, else past the floor set
-    /// when the primary's timeline changed or the standby appeared.
-    fn has_replayed(&self, token: WriteToken) -> bool {
-        let replayed = self.replay_lsn.load(Ordering::Acquire);
-        match self.received_timeline.load(Ordering::Acquire) {
-            0 => replayed >= token.lsn.max(self.token_floor.load(Ordering::Acquire)),
-            timeline => timeline == token.timeline && replayed >= token.lsn,
-        }
-    }
-
-    /// Its read lane, if one was made.
-    pub(crate) fn read_made(&self) -> Option<&Arc<Lane>> {
-        self.read.get()
-    }
-}
 
 /// Settings of a pool of several hosts.
 #[derive(Debug, Clone)]
@@ -173,14 +94,6 @@ impl Drop for Hosts {
     fn drop(&mut self) {
         self.trigger.notify_one();
     }
-}
-
-/// Where a query goes: the lane, its host's index, and the route.
-#[derive(Debug)]
-pub(crate) struct Pick<'a> {
-    pub(crate) lane: &'a Arc<Lane>,
-    pub(crate) host: usize,
-    pub(crate) route: RouteLabel,
 }
 
 impl Hosts {
@@ -404,158 +317,6 @@ impl Hosts {
         }
         message.pop();
         Error::new(ErrorKind::NoPrimary, message).unsent()
-    }
-
-    /// The write lane of the primary, waiting for one until `deadline`.
-    pub(crate) async fn writer(
-        self: &Arc<Self>,
-        deadline: tokio::time::Instant,
-    ) -> Result<Pick<'_>, Error> {
-        self.ensure_monitor();
-        let mut host = self.primary(deadline).await?;
-        let suspect = self.suspect.load(Ordering::Acquire);
-        if suspect >> 48 == host as u64 + 1 {
-            self.round_after(suspect & SUSPECT_ROUND).await;
-            host = self.primary(deadline).await?;
-        }
-        Ok(Pick {
-            lane: &self.hosts[host].write,
-            host,
-            route: RouteLabel::Primary,
-        })
-    }
-
-    /// A standby's read lane for a read of `consistency`, avoiding
-    /// `exclude`; else, by the fallback, the primary's read lane.
-    pub(crate) async fn reader(
-        self: &Arc<Self>,
-        consistency: Consistency,
-        exclude: Option<usize>,
-    ) -> Result<Pick<'_>, Error> {
-        self.ensure_monitor();
-        let (wanted, token) = match consistency {
-            Consistency::Eventual => (true, None),
-            Consistency::AtLeast(token) => (true, Some(token)),
-            Consistency::Strong => (false, None),
-        };
-        let mut reason = FallbackReason::NoReplica;
-        if wanted && self.discovering {
-            self.first_round().await;
-            let stale_token =
-                token.is_some_and(|t| self.elected().is_none() || t.timeline != self.timeline());
-            if !stale_token {
-                match self.standby(exclude, token) {
-                    Ok(host) => {
-                        return Ok(Pick {
-                            lane: self.read_lane(host),
-                            host,
-                            route: RouteLabel::Replica,
-                        });
-                    }
-                    Err(why) => reason = why,
-                }
-            } else {
-                reason = FallbackReason::Token;
-            }
-        }
-        if wanted && token.is_none() && self.settings.fallback == ReplicaFallback::Fail {
-            return Err(Error::new(
-                ErrorKind::NoReplica,
-                "no standby is up within max_replica_lag, and replica_fallback is Fail",
-            )
-            .unsent());
-        }
-        if let Some(metrics) = &self.metrics {
-            if wanted {
-                metrics.fallback(reason);
-            }
-        }
-        let host = self.primary(self.failover_deadline()).await?;
-        Ok(Pick {
-            lane: self.read_lane(host),
-            host,
-            route: if wanted {
-                RouteLabel::PrimaryFallback
-            } else {
-                RouteLabel::Primary
-            },
-        })
-    }
-
-    /// A standby in rotation (and known to have replayed `token`, if
-    /// given), round robin.
-    fn standby(
-        &self,
-        exclude: Option<usize>,
-        token: Option<WriteToken>,
-    ) -> Result<usize, FallbackReason> {
-        let n = self.hosts.len();
-        let start = self.next_read.fetch_add(1, Ordering::Relaxed);
-        let mut reason = FallbackReason::NoReplica;
-        for k in 0..n {
-            let i = start.wrapping_add(k) % n;
-            let host = &self.hosts[i];
-            if Some(i) == exclude || !host.standby.load(Ordering::Acquire) {
-                continue;
-            }
-            // A connection lost since its last check: what that check found
-            // vouches for nothing (a recheck is under way).
-            if !host.in_rotation.load(Ordering::Acquire) || !host.vouched() {
-                reason = FallbackReason::Lag;
-                continue;
-            }
-            if token.is_some_and(|token| !host.has_replayed(token)) {
-                reason = FallbackReason::Token;
-                continue;
-            }
-            return Ok(i);
-        }
-        Err(reason)
-    }
-
-    /// An exclusive connection's lane, by libpq's target.
-    pub(crate) async fn lane_for(
-        self: &Arc<Self>,
-        target: TargetSessionAttrs,
-    ) -> Result<&Arc<Lane>, Error> {
-        use TargetSessionAttrs as T;
-        if let Some(host) = self.single() {
-            return Ok(match target {
-                T::Standby => {
-                    return Err(Error::new(
-                        ErrorKind::NoReplica,
-                        "target_session_attrs=standby, and the pool has one host",
-                    )
-                    .unsent());
-                }
-                T::ReadOnly => self.read_lane(0),
-                _ => &host.write,
-            });
-        }
-        self.first_round().await;
-        match target {
-            T::ReadWrite | T::Primary => Ok(self.writer(self.failover_deadline()).await?.lane),
-            T::ReadOnly => Ok(self.reader(Consistency::Eventual, None).await?.lane),
-            T::Standby => match self.standby(None, None) {
-                Ok(i) => Ok(self.read_lane(i)),
-                Err(_) => Err(Error::new(
-                    ErrorKind::NoReplica,
-                    "target_session_attrs=standby, and no standby is up within max_replica_lag",
-                )
-                .unsent()),
-            },
-            T::PreferStandby => match self.standby(None, None) {
-                Ok(i) => Ok(self.read_lane(i)),
-                Err(_) => Ok(self.writer(self.failover_deadline()).await?.lane),
-            },
-            T::Any | T::PreferPrimary => match self.elected() {
-                Some(i) => Ok(&self.hosts[i].write),
-                None => match self.standby(None, None) {
-                    Ok(i) => Ok(self.read_lane(i)),
-                    Err(_) => Ok(self.writer(self.failover_deadline()).await?.lane),
-                },
-            },
-        }
     }
 }
 
