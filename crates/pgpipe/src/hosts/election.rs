@@ -81,7 +81,8 @@ impl Election {
                 Err(_) => self.failures[i] += 1,
             }
         }
-        let top = writable.iter().map(|(_, s)| s.timeline).max().unwrap_or(0);
+        let timelines: Vec<(usize, u32)> = writable.iter().map(|(i, s)| (*i, s.timeline)).collect();
+        let top = top_timeline(&timelines);
         if writable.len() > 1 || (top > 0 && top < self.highest) {
             if let Some(metrics) = metrics {
                 metrics.conflicts.inc();
@@ -94,25 +95,17 @@ impl Election {
                  brain): writes go only to the highest timeline, and nowhere on a tie"
             );
         }
-        let on_top: Vec<usize> = writable
-            .iter()
-            .filter(|(_, s)| s.timeline == top && top >= self.highest)
-            .map(|(i, _)| *i)
-            .collect();
-        let mut primary = match on_top.as_slice() {
-            [only] => Some(*only),
-            _ => None,
-        };
-        // The primary whose check failed keeps its role for a few rounds,
-        // unless another server is writable.
-        if primary.is_none() && writable.is_empty() {
-            if let Some(last) = self.last.filter(|&l| hosts.is_primary(l)) {
-                let transient = seen[last].as_ref().is_err_and(|e| e.transient);
-                if transient && self.failures[last] < PRIMARY_GRACE {
-                    primary = Some(last);
-                }
-            }
-        }
+        // The last primary, while it is still the elected one, and how its
+        // check went.
+        let holding = self
+            .last
+            .filter(|&l| hosts.is_primary(l))
+            .map(|last| Holding {
+                host: last,
+                transient: seen[last].as_ref().is_err_and(|e| e.transient),
+                failures: self.failures[last],
+            });
+        let primary = choose_primary(&timelines, self.highest, holding);
         let primary_seen = primary.and_then(|i| seen[i].as_ref().ok());
         let new_timeline = primary_seen.is_some_and(|p| p.timeline != self.timeline);
         // Not the first primary this pool has seen.
@@ -225,5 +218,108 @@ impl Election {
                 }
             }
         }
+    }
+}
+
+/// The last primary, as [`choose_primary`] weighs it.
+#[derive(Debug, Clone, Copy)]
+struct Holding {
+    host: usize,
+    /// Whether its check this round failed in a way that may pass (a
+    /// timeout, a full server) rather than a refused or broken connection.
+    transient: bool,
+    /// Its failed checks in a row, this one included.
+    failures: u32,
+}
+
+/// The highest timeline among the writable servers (0 for none).
+fn top_timeline(writable: &[(usize, u32)]) -> u32 {
+    writable.iter().map(|&(_, t)| t).max().unwrap_or(0)
+}
+
+/// The election, pure: from the writable servers of one round (host,
+/// timeline; each server once), the highest timeline any primary ever had,
+/// and the last primary: exactly one writable server on the top timeline,
+/// never below the highest ever (two there is split brain: none); with no
+/// server writable at all, the last primary through [`PRIMARY_GRACE`]
+/// transient failures.
+fn choose_primary(
+    writable: &[(usize, u32)],
+    highest: u32,
+    holding: Option<Holding>,
+) -> Option<usize> {
+    let top = top_timeline(writable);
+    let mut on_top = writable
+        .iter()
+        .filter(|&&(_, t)| t == top && top >= highest);
+    let primary = match (on_top.next(), on_top.next()) {
+        (Some(&(i, _)), None) => Some(i),
+        _ => None,
+    };
+    if primary.is_none() && writable.is_empty() {
+        if let Some(last) = holding {
+            if last.transient && last.failures < PRIMARY_GRACE {
+                return Some(last.host);
+            }
+        }
+    }
+    primary
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holding(transient: bool, failures: u32) -> Option<Holding> {
+        Some(Holding {
+            host: 0,
+            transient,
+            failures,
+        })
+    }
+
+    #[test]
+    fn the_one_writable_server_is_elected() {
+        assert_eq!(choose_primary(&[(2, 1)], 0, None), Some(2));
+        assert_eq!(choose_primary(&[(2, 3)], 3, None), Some(2));
+    }
+
+    #[test]
+    fn two_writable_servers_on_one_timeline_elect_none() {
+        assert_eq!(choose_primary(&[(0, 2), (1, 2)], 0, None), None);
+    }
+
+    #[test]
+    fn of_two_writable_servers_the_higher_timeline_wins() {
+        assert_eq!(choose_primary(&[(0, 2), (1, 3)], 2, None), Some(1));
+    }
+
+    #[test]
+    fn a_server_below_the_highest_timeline_ever_is_never_elected() {
+        // The promoted server does not answer; the old primary is writable
+        // on the old timeline: split brain, and no primary.
+        assert_eq!(choose_primary(&[(0, 2)], 3, None), None);
+    }
+
+    #[test]
+    fn the_last_primary_holds_through_a_few_transient_failures() {
+        assert_eq!(choose_primary(&[], 2, holding(true, 1)), Some(0));
+        assert_eq!(
+            choose_primary(&[], 2, holding(true, PRIMARY_GRACE - 1)),
+            Some(0)
+        );
+        assert_eq!(choose_primary(&[], 2, holding(true, PRIMARY_GRACE)), None);
+    }
+
+    #[test]
+    fn a_refused_connection_ends_the_role_at_once() {
+        assert_eq!(choose_primary(&[], 2, holding(false, 1)), None);
+    }
+
+    #[test]
+    fn another_writable_server_ends_the_grace() {
+        // A writable server below the highest timeline is no primary, and
+        // the last one does not hold while any server is writable.
+        assert_eq!(choose_primary(&[(1, 1)], 2, holding(true, 1)), None);
     }
 }
