@@ -40,6 +40,8 @@ mod conn;
 mod error;
 mod exclusive;
 mod executor;
+// The user's guide: documentation pages only, no code (`guide/*.md`).
+pub mod guide;
 mod hosts;
 mod lane;
 mod metrics;
