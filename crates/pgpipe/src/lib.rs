@@ -1,35 +1,30 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// Layout. One pipelined `pool.query` goes pool → query → shared (router)
-// → conn (run on one connection) → protocol (the tap on its socket) and
-// back; `docs/ARCHITECTURE.md` walks it file by file.
+// Layout, top down (docs/ARCHITECTURE.md walks a query, a read and a
+// `begin()` through it; `tests/layering.rs` fails on an import that
+// climbs):
 //
-// pool         `Pool`, the public API: every method a short delegate.
-// query        one query end to end: guard, route or check out, window,
-//              run, deadline, retry of unsent, learned cost, metrics.
-// batch        `Batch`: isolated (pipelined) and atomic batches (pipelined
-//              as one unit when the guard lets every item on the shared path).
+// pool, builder, routed, slow, batch, executor   the public API: `Pool`
+//              and its handles, each method a short delegate to hosts.
+// hosts        the servers behind a pool: each one's write and read lanes,
+//              the monitor and its election, and the one dispatcher that
+//              picks a lane and runs again only what cannot have run.
+// lane         one pool of connections to one server: `Lane`, one query on
+//              a lane end to end, the retry budget, the atomic-batch quota,
+//              housekeeping, the catalog view.
+// exclusive    `Pool::get` and `Pool::begin`: permits, claims, deadlocks;
+//              `Connection`, `Transaction`, `OwnedTransaction`.
 // shared       the pipelined path: `Router` owns the shared connections,
 //              admission, the wait queue, routing, opens, costs.
-// exclusive    `Pool::get`: `Exclusive` owns permits, claims, deadlocks;
-//              `Connection` and `Transaction`.
-// conn         one connection, knowing nothing above it: `PgConn`, the
-//              load word, deadpool manager, step-aside, run one query,
-//              statement cache, connect, TLS.
-// protocol     bytes and SQL: framer, socket tap, RTT filter, SQL guard.
-// metrics      event handles, and the scrape-time collector.
-// housekeeping the 100 ms tick: clock, watchdog, lifetimes, idle.
-// trace        `tracing` spans and events (the `tracing` feature).
-// pooler       what a server-side pooler guarantees; how statements are
-//              prepared through it.
-// hosts        several hosts: each one's write and read lanes (each a pool
-//              of the above), the monitor that learns their roles and
-//              elects the primary, and dispatch with its few retries.
-// target, routed  libpq's target_session_attrs, read consistency and
-//              write tokens; the read handle `Pool::read` returns.
-// answer, executor, slow, builder, config, error, status, sync: one
-//              concept each, as named.
+// conn         one connection, knowing nothing above it: `PgConn`, its
+//              state, the socket tap, run one query, statement cache,
+//              deadpool manager, connect, TLS.
+// protocol     bytes and SQL, pure: framer, read groups' rewriter, session
+//              watch, RTT filter, SQL guard and lexer.
+// leaves       error, config, metrics, trace, answer, status, sync, target,
+//              pooler, ordered, budget: anyone may import them.
+// guide        the user guide's pages (docs only).
 
 mod answer;
 mod batch;
