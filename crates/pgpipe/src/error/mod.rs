@@ -1,122 +1,22 @@
 //! The crate's one error type.
+//!
+//! [`Error`] and its constructors and `Display` live here; its kinds in
+//! `kind`, the sorting of deadpool's and tokio-postgres' errors into kinds
+//! in `classify`, and the read groups' skipped-query errors in `skipped`.
+
+mod classify;
+mod kind;
+mod skipped;
 
 use std::error::Error as StdError;
 use std::fmt;
-use std::io;
 use std::sync::Arc;
 
-use deadpool::managed::{PoolError, TimeoutType};
 use tokio_postgres::error::{DbError, SqlState};
 
-/// What went wrong, in a form a caller can `match` on.
-///
-/// The list grows over time, so matches need a wildcard arm.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// The server answered the query with an error (syntax error, constraint
-    /// violation, division by zero …). [`Error::as_db_error`] and
-    /// [`Error::code`] give the details. Only this query failed: its
-    /// connection and its neighbours in the pipeline are unaffected.
-    Db,
-    /// The query waited longer than the pool's `wait_timeout` for a
-    /// connection or for room on a shared one. It never ran: safe to retry.
-    Timeout,
-    /// The query was sent and did not finish within `query_timeout`. It
-    /// **may have run, and committed**: alone on its connection it is
-    /// cancelled, but pipelined with neighbours on a shared connection it is
-    /// left to finish (a cancel would hit whatever runs). Retry only what is
-    /// safe to run twice. [`Error::is_timeout`] is true for it too.
-    QueryTimeout,
-    /// The pool's wait queue (`queue_capacity`) was full; the query was
-    /// refused without waiting.
-    QueueFull,
-    /// The pool has been closed with [`Pool::close`](crate::Pool::close).
-    Closed,
-    /// The connection carrying the query broke (the server terminated the
-    /// backend, the network failed, the server shut down) while the query was
-    /// in flight. The query may or may not have run on the server; the pool
-    /// never retries it by itself.
-    ConnectionLost,
-    /// The SQL would change session state (`BEGIN`, `SET`, `LISTEN`, temp
-    /// tables, advisory locks …) and was refused on the shared path. Run it on
-    /// an exclusive connection from [`Pool::get`](crate::Pool::get).
-    NotAllowedOnShared,
-    /// The calling task holds every connection it would have to wait for
-    /// (exclusive checkouts from [`Pool::get`](crate::Pool::get)), so waiting
-    /// could only end in a timeout.
-    Deadlock,
-    /// The parameters do not fit the statement: wrong count, a value whose
-    /// Rust type does not match the SQL type, or a value that cannot be
-    /// encoded. Nothing was sent to the server.
-    Params,
-    /// `query_one` found no row or more than one; `query_opt` found more than
-    /// one.
-    RowCount,
-    /// The pool configuration is invalid; returned by
-    /// [`PoolBuilder::build`](crate::PoolBuilder::build).
-    Config,
-    /// A new connection could not be opened (refused, unreachable, bad
-    /// credentials, timed out while connecting).
-    Connect,
-    /// The server sent something the client could not parse.
-    Protocol,
-    /// The request is larger than the server accepts (a message over
-    /// 1 GiB − 1 would make it drop the connection, and every query sharing
-    /// it), or the result larger than `max_result_bytes`/`max_result_rows`.
-    /// Nothing else was affected.
-    TooLarge,
-    /// Another item of an atomic [`Batch`](crate::Batch) failed, so this one
-    /// was rolled back (it ran before the failure), skipped (after it), or
-    /// never sent (the failure was found before anything was sent). The
-    /// message names the failing item; [`Error::as_db_error`] and
-    /// [`Error::code`] give its server error, if it had one.
-    BatchAborted,
-    /// Transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) or `COPY` in an
-    /// item of an atomic [`Batch`](crate::Batch), which runs its own
-    /// transaction. Nothing was sent.
-    NotAllowedInBatch,
-    /// The statement needs an API the query methods do not offer: `COPY`
-    /// through [`Executor`](crate::Executor) (use tokio-postgres'
-    /// `copy_in`/`copy_out` on `conn.client()`). Nothing was sent.
-    NotSupported,
-    /// No host is known to be the primary (it is down, or a failover is
-    /// under way, or two hosts claim the role on the same timeline), and
-    /// none was elected within `failover_wait`. Nothing was sent: safe to
-    /// retry. The message names each host's last known role.
-    NoPrimary,
-    /// A read needed a standby and none fits (none is up, all lag past
-    /// `max_replica_lag`), with [`ReplicaFallback::Fail`](crate::ReplicaFallback::Fail)
-    /// or [`TargetSessionAttrs::Standby`](crate::TargetSessionAttrs::Standby).
-    /// Nothing was sent.
-    NoReplica,
-}
-
-impl ErrorKind {
-    fn describe(self) -> &'static str {
-        match self {
-            ErrorKind::Db => "database error",
-            ErrorKind::Timeout => "timed out",
-            ErrorKind::QueryTimeout => "query timed out",
-            ErrorKind::QueueFull => "wait queue full",
-            ErrorKind::Closed => "pool closed",
-            ErrorKind::ConnectionLost => "connection lost",
-            ErrorKind::NotAllowedOnShared => "not allowed on a shared connection",
-            ErrorKind::Deadlock => "would deadlock",
-            ErrorKind::Params => "invalid parameters",
-            ErrorKind::RowCount => "unexpected number of rows",
-            ErrorKind::Config => "invalid configuration",
-            ErrorKind::Connect => "could not connect",
-            ErrorKind::Protocol => "protocol error",
-            ErrorKind::TooLarge => "too large",
-            ErrorKind::BatchAborted => "batch aborted",
-            ErrorKind::NotAllowedInBatch => "not allowed in an atomic batch",
-            ErrorKind::NotSupported => "not supported",
-            ErrorKind::NoPrimary => "no primary",
-            ErrorKind::NoReplica => "no standby fits",
-        }
-    }
-}
+pub(crate) use classify::pooler_found_no_server;
+pub use kind::ErrorKind;
+pub(crate) use skipped::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
 
 /// An error from the pool or from the query it ran.
 ///
@@ -133,16 +33,6 @@ struct Inner {
     unsent: bool,
     /// The statement ran (a result over the caps).
     ran: bool,
-}
-
-/// A skipped-query error the read-group rewriter made: its SQLSTATE, and
-/// source fields that no SQL can set (a function's `RAISE … ERRCODE =
-/// 'PP001'` is the function's own error, never taken for a skip).
-fn is_skip(db: &tokio_postgres::error::DbError) -> bool {
-    use crate::protocol::coalesce::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
-    db.code().code() == SKIPPED
-        && db.file() == Some(SKIP_FILE)
-        && db.routine() == Some(SKIP_ROUTINE)
 }
 
 /// The cause, kept typed so that `as_db_error` works without downcasting
@@ -324,113 +214,6 @@ impl Error {
         });
         self
     }
-
-    /// Translates deadpool's error for a checkout of `what`.
-    pub(crate) fn from_pool(error: PoolError<Error>, what: &str) -> Error {
-        match error {
-            PoolError::Backend(e) => e,
-            PoolError::Closed => Error::closed(),
-            PoolError::Timeout(TimeoutType::Wait) => Error::timeout(what),
-            PoolError::Timeout(TimeoutType::Create) => {
-                Error::new(ErrorKind::Connect, "timed out opening a connection")
-            }
-            PoolError::Timeout(TimeoutType::Recycle) => {
-                Error::new(ErrorKind::Connect, "timed out checking an idle connection")
-            }
-            PoolError::NoRuntimeSpecified => Error::config("no runtime configured"),
-            PoolError::PostCreateHook(e) => {
-                Error::new(ErrorKind::Connect, format!("post-create hook failed: {e}"))
-            }
-        }
-    }
-
-    /// Classifies an error that tokio-postgres returned for a request.
-    ///
-    /// tokio-postgres keeps its error kinds private, so this reads what it
-    /// does expose: the server's error (and its severity), whether the
-    /// connection is closed, and the cause's type.
-    pub(crate) fn from_query(error: tokio_postgres::Error, connection_closed: bool) -> Error {
-        let kind = if let Some(db) = error.as_db_error() {
-            if pooler_found_no_server(db) {
-                ErrorKind::Connect
-            } else if is_fatal(db) {
-                ErrorKind::ConnectionLost
-            } else {
-                ErrorKind::Db
-            }
-        } else if error.is_closed() || connection_closed {
-            ErrorKind::ConnectionLost
-        } else {
-            match error.source() {
-                // An I/O error on a live connection comes either from encoding
-                // the request ("value too large to transmit": nothing was
-                // sent) or from parsing a response. The two differ only in
-                // tokio-postgres' message.
-                Some(cause) if cause.is::<io::Error>() => {
-                    if error.to_string().starts_with("error encoding") {
-                        ErrorKind::Params
-                    } else {
-                        ErrorKind::Protocol
-                    }
-                }
-                // A conversion error from a `ToSql` implementation.
-                Some(_) => ErrorKind::Params,
-                // A parameter count mismatch has no cause.
-                None if error.to_string().contains("parameters but got") => ErrorKind::Params,
-                None => ErrorKind::Protocol,
-            }
-        };
-        let skipped = error.as_db_error().is_some_and(is_skip);
-        let error = Error::with_pg(kind, error);
-        if skipped { error.unsent() } else { error }
-    }
-
-    /// The server skipped it because an earlier read in its group failed:
-    /// it never ran (see `protocol::coalesce`).
-    pub(crate) fn is_skipped(&self) -> bool {
-        self.as_db_error().is_some_and(is_skip)
-    }
-
-    /// Like [`from_query`](Error::from_query), for a prepare failure shared
-    /// by every task that waited on it.
-    pub(crate) fn from_shared_prepare(error: &Arc<tokio_postgres::Error>, closed: bool) -> Error {
-        let kind = match error.as_db_error() {
-            Some(db) if pooler_found_no_server(db) => ErrorKind::Connect,
-            Some(db) if is_fatal(db) => ErrorKind::ConnectionLost,
-            Some(_) => ErrorKind::Db,
-            None if closed || error.is_closed() => ErrorKind::ConnectionLost,
-            None => ErrorKind::Protocol,
-        };
-        Error(Box::new(Inner {
-            kind,
-            message: None,
-            source: Some(Source::SharedPg(Arc::clone(error))),
-            unsent: false,
-            ran: false,
-        }))
-    }
-}
-
-/// PgBouncer's words for a query it could not give a server: it waited
-/// past `query_wait_timeout`, or logins to the server keep failing
-/// (`server_login_retry`), or it cannot reach it. The query never ran, so
-/// it is a [`ErrorKind::Connect`] error, not a lost connection (which may
-/// have run it). PostgreSQL itself never sends these messages.
-pub(crate) fn pooler_found_no_server(db: &DbError) -> bool {
-    const NO_SERVER: &[&str] = &[
-        "query_wait_timeout",
-        "server login has been failing",
-        "pgbouncer cannot connect to server",
-        "no more connections allowed",
-    ];
-    NO_SERVER.iter().any(|m| db.message().starts_with(m))
-}
-
-/// A server error that ends the session (FATAL/PANIC, e.g. `57P01` from
-/// `pg_terminate_backend`) means the connection is gone, not that the query
-/// was wrong.
-fn is_fatal(db: &DbError) -> bool {
-    matches!(db.severity(), "FATAL" | "PANIC")
 }
 
 impl Error {
