@@ -32,9 +32,7 @@
 
 use std::collections::VecDeque;
 
-/// The SQLSTATE of a query the server skipped because an earlier query in
-/// its group failed (class `PP` is not PostgreSQL's).
-pub(crate) const SKIPPED: &str = "PP001";
+use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
 
 /// Most queries under one Sync: one failure skips the rest of its group,
 /// and skipped queries run again, so a group stays small enough that a
@@ -55,12 +53,6 @@ enum Building {
     /// Anything else.
     Other,
 }
-
-/// The identity of the skipped-query errors the rewriter makes, in fields
-/// no SQL can set (`RAISE` sets neither the source file nor the routine):
-/// a query's own error with SQLSTATE `PP001` is never taken for a skip.
-pub(crate) const SKIP_FILE: &str = "pgpipe/protocol/coalesce.rs";
-pub(crate) const SKIP_ROUTINE: &str = "pgpipe_read_group_skip";
 
 /// Message boundaries in one direction, with their offsets in the stream.
 #[derive(Debug)]
