@@ -229,7 +229,8 @@ impl PoolBuilder {
         self
     }
 
-    /// Registers the pool's metrics (see the README's list) into `registry`.
+    /// Registers the pool's metrics (see the guide's
+    /// [list](crate::guide::observability#metrics)) into `registry`.
     /// Without one the pool keeps no metrics beyond [`Pool::status`].
     pub fn registry(mut self, registry: &prometheus::Registry) -> Self {
         self.registry = Some(registry.clone());

@@ -24,13 +24,14 @@ pub enum Routing {
     /// another only when every open one holds `max_pipeline_depth` queries.
     /// Uses the fewest server backends and makes the biggest batches;
     /// connections beyond what the load needs drain and go back to idle.
-    /// Measured best overall (see the README's results).
+    /// Measured best overall (see the guide's
+    /// [sizing and waiting](crate::guide::configuration#sizing-and-waiting)).
     #[default]
     Fill,
 }
 
-/// When the pool cleans a shared session behind a query; see the README's
-/// "What runs on the shared path".
+/// When the pool cleans a shared session behind a query; see the guide's
+/// [what runs on the shared path](crate::guide::shared_path).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize, serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -281,7 +282,8 @@ pub struct PoolConfig {
     /// write on a shared connection share one `Sync` (one transaction, one
     /// `ReadyForQuery`, one flush on the server), on connections that are
     /// read-only; each still gets its own answer, and one that fails fails
-    /// alone (the others are run again). See the README's "Read groups".
+    /// alone (the others are run again). See the guide's
+    /// [read groups](crate::guide::read_groups).
     ///
     /// Default: `true`.
     pub read_groups: bool,
