@@ -12,8 +12,8 @@ use crate::hosts::Hosts;
 use crate::slow::Slow;
 use crate::target::Consistency;
 
-/// Reads that a standby may serve; from [`Pool::read`] or
-/// [`Pool::read_with`].
+/// Reads that a standby may serve; from [`Pool::read`](crate::Pool::read) or
+/// [`Pool::read_with`](crate::Pool::read_with).
 ///
 /// Each query goes to a standby within `max_replica_lag` (round robin),
 /// else by the pool's [`ReplicaFallback`](crate::ReplicaFallback). It runs
@@ -32,11 +32,11 @@ impl<'a> Routed<'a> {
         Routed { hosts, consistency }
     }
 
-    /// As [`Pool::query`], as a read.
+    /// As [`Pool::query`](crate::Pool::query), as a read.
     ///
     /// # Errors
     ///
-    /// As [`Pool::query`], and [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica)
+    /// As [`Pool::query`](crate::Pool::query), and [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica)
     /// when no standby fits and the fallback is `Fail`.
     pub async fn query(
         &self,
@@ -50,7 +50,7 @@ impl<'a> Routed<'a> {
         Ok(answer.into_rows())
     }
 
-    /// As [`Pool::query_one`], as a read.
+    /// As [`Pool::query_one`](crate::Pool::query_one), as a read.
     ///
     /// # Errors
     ///
@@ -59,7 +59,7 @@ impl<'a> Routed<'a> {
         exactly_one(self.query(sql, params).await?)
     }
 
-    /// As [`Pool::query_opt`], as a read.
+    /// As [`Pool::query_opt`](crate::Pool::query_opt), as a read.
     ///
     /// # Errors
     ///
@@ -72,7 +72,7 @@ impl<'a> Routed<'a> {
         at_most_one(self.query(sql, params).await?)
     }
 
-    /// As [`Pool::execute`], as a read: a statement that writes fails with
+    /// As [`Pool::execute`](crate::Pool::execute), as a read: a statement that writes fails with
     /// 25006.
     ///
     /// # Errors
@@ -91,7 +91,7 @@ impl<'a> Routed<'a> {
         Batch::read(self.hosts, self.consistency)
     }
 
-    /// The same reads, marked slow; see [`Pool::slow`].
+    /// The same reads, marked slow; see [`Pool::slow`](crate::Pool::slow).
     pub fn slow(&self) -> Slow<'a> {
         Slow::new(self.hosts, Some(self.consistency))
     }

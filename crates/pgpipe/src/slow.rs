@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::hosts::Hosts;
 use crate::target::Consistency;
 
-/// Queries the caller knows to be slow; see [`Pool::slow`].
+/// Queries the caller knows to be slow; see [`Pool::slow`](crate::Pool::slow).
 #[derive(Debug, Clone, Copy)]
 pub struct Slow<'a> {
     hosts: &'a Arc<Hosts>,
@@ -23,11 +23,11 @@ impl Slow<'_> {
         Slow { hosts, read }
     }
 
-    /// As [`Pool::query`], marked slow.
+    /// As [`Pool::query`](crate::Pool::query), marked slow.
     ///
     /// # Errors
     ///
-    /// As [`Pool::query`].
+    /// As [`Pool::query`](crate::Pool::query).
     pub async fn query(
         &self,
         sql: &str,
@@ -40,20 +40,20 @@ impl Slow<'_> {
         Ok(answer.into_rows())
     }
 
-    /// As [`Pool::query_one`], marked slow.
+    /// As [`Pool::query_one`](crate::Pool::query_one), marked slow.
     ///
     /// # Errors
     ///
-    /// As [`Pool::query_one`].
+    /// As [`Pool::query_one`](crate::Pool::query_one).
     pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
         exactly_one(self.query(sql, params).await?)
     }
 
-    /// As [`Pool::query_opt`], marked slow.
+    /// As [`Pool::query_opt`](crate::Pool::query_opt), marked slow.
     ///
     /// # Errors
     ///
-    /// As [`Pool::query_opt`].
+    /// As [`Pool::query_opt`](crate::Pool::query_opt).
     pub async fn query_opt(
         &self,
         sql: &str,
@@ -62,11 +62,11 @@ impl Slow<'_> {
         at_most_one(self.query(sql, params).await?)
     }
 
-    /// As [`Pool::execute`], marked slow.
+    /// As [`Pool::execute`](crate::Pool::execute), marked slow.
     ///
     /// # Errors
     ///
-    /// As [`Pool::execute`].
+    /// As [`Pool::execute`](crate::Pool::execute).
     pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
         let answer = self
             .hosts

@@ -25,9 +25,9 @@ use std::sync::Arc;
 pub type BatchResults = Vec<Result<Answer, Error>>;
 
 /// Queries from one task, sent together and answered one by one; from
-/// [`Pool::batch`] (isolated) or [`Pool::atomic_batch`].
+/// [`Pool::batch`](crate::Pool::batch) (isolated) or [`Pool::atomic_batch`](crate::Pool::atomic_batch).
 ///
-/// | | isolated ([`Pool::batch`]) | atomic ([`Pool::atomic_batch`]) |
+/// | | isolated ([`Pool::batch`](crate::Pool::batch)) | atomic ([`Pool::atomic_batch`](crate::Pool::atomic_batch)) |
 /// |---|---|---|
 /// | runs on | a shared connection, pipelined with other tasks' queries (an exclusive one with pipelining off) | an exclusive connection, as `BEGIN`, the items, `COMMIT` |
 /// | round trips | one (one per `max_pipeline_depth` items) | one, plus any statements not yet prepared |

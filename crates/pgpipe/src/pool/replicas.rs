@@ -13,7 +13,7 @@ use crate::target::{Consistency, WriteToken};
 impl Pool {
     /// A handle whose queries are reads that a standby may serve: a
     /// standby within `max_replica_lag`, else (by
-    /// [`replica_fallback`](PoolBuilder::replica_fallback)) the primary,
+    /// [`replica_fallback`](crate::PoolBuilder::replica_fallback)) the primary,
     /// through connections opened read-only. With one host, the primary's
     /// read-only connections: a write through this handle fails with 25006
     /// there as it would on a standby.
