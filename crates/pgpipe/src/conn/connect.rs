@@ -31,7 +31,7 @@ use super::tls::Tapped;
 use super::tls::Tls;
 use super::{ConnState, PoolWire};
 use crate::error::{Error, ErrorKind};
-use crate::protocol::tap::TappedStream;
+use super::tap::TappedStream;
 
 /// A TCP or Unix socket.
 #[derive(Debug)]

@@ -25,6 +25,7 @@ pub(crate) mod run;
 pub(crate) mod state;
 pub(crate) mod statement_cache;
 mod step_aside;
+pub(crate) mod tap;
 pub(crate) mod tls;
 pub(crate) mod turn;
 pub(crate) mod wire;

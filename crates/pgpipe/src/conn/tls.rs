@@ -16,7 +16,7 @@ use std::sync::Arc;
 use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 
 use super::{ConnState, PoolWire};
-use crate::protocol::tap::TappedStream;
+use super::tap::TappedStream;
 
 /// The pool's TLS set-up: none, or a rustls connector.
 #[derive(Clone, Default)]

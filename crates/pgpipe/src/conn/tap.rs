@@ -4,7 +4,7 @@
 //! tokio-postgres takes any `AsyncRead + AsyncWrite` stream through
 //! [`Config::connect_raw`](tokio_postgres::Config::connect_raw). The pool
 //! hands it a [`TappedStream`], which walks the protocol's message frames
-//! (see [`framer`](super::framer)) and records:
+//! (see [`framer`](crate::protocol::framer)) and records:
 //!
 //! - how many `Sync` messages each socket write carried: the real batch size
 //!   of a pipeline, as the network sees it;
@@ -29,12 +29,13 @@ use std::time::Instant;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::coalesce::{Coalescer, SHRINK_ABOVE};
-use super::framer::{Framer, Phase};
-use super::gate::Gate;
-use crate::conn::PoolWire;
-use crate::conn::state::ConnState;
+use super::PoolWire;
+use super::state::ConnState;
 use crate::metrics::QuarantineReason;
+use crate::protocol::coalesce::{self, Coalescer, SHRINK_ABOVE};
+use crate::protocol::framer::{Framer, Phase};
+use crate::protocol::gate::Gate;
+use crate::protocol::sql_guard;
 
 /// Reported settings that describe the server, not a session: no session
 /// can change them (`in_hot_standby` turns off when a standby is promoted).
@@ -58,13 +59,13 @@ pub(crate) struct TappedStream<S> {
     /// and the count of ReadyForQuery that answers its first query.
     probe: Option<(Instant, u64)>,
     /// On a read lane's connection: the read-group rewriter and its
-    /// buffers (see [`coalesce`](super::coalesce)).
+    /// buffers (see [`coalesce`](crate::protocol::coalesce)).
     groups: Option<Box<Groups>>,
     /// Atomic batches written while the connection was shared (boxed: the
     /// tap moves through every connect future, which queries may hold).
     units: Box<Units>,
     /// Behind a pooler that cannot track a pipeline: one request group on
-    /// the wire at a time (see [`gate`](super::gate)), and the write waiting
+    /// the wire at a time (see [`gate`](crate::protocol::gate)), and the write waiting
     /// for the answer that opens it.
     gate: Option<Box<(Gate, Option<std::task::Waker>)>>,
 }
@@ -130,7 +131,7 @@ struct Groups {
     input: Vec<u8>,
     in_pos: usize,
     /// The rewriter lost step: returned once what came before is read.
-    failed: Option<super::coalesce::Confused>,
+    failed: Option<coalesce::Confused>,
 }
 
 /// How much is read from the socket at once on a connection that groups
@@ -280,7 +281,7 @@ impl<S> TappedStream<S> {
         self.outbound.feed(bytes, |message| {
             if let Some(body) = message.body {
                 let catalog = catalog.get_or_insert_with(|| pool.catalog_full());
-                lasting |= super::sql_guard::sends_lasting_state(message.kind, body, catalog);
+                lasting |= sql_guard::sends_lasting_state(message.kind, body, catalog);
             }
             match message.kind {
                 b'S' => syncs += 1,
