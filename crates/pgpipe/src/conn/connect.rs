@@ -26,12 +26,12 @@ use tokio_postgres::config::{Host, TargetSessionAttrs};
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
 use super::notifications::Notifications;
+use super::tap::TappedStream;
 #[cfg(feature = "rustls")]
 use super::tls::Tapped;
 use super::tls::Tls;
 use super::{ConnState, PoolWire};
 use crate::error::{Error, ErrorKind};
-use super::tap::TappedStream;
 
 /// A TCP or Unix socket.
 #[derive(Debug)]

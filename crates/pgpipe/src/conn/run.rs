@@ -41,7 +41,7 @@ pub(crate) struct Target<'a> {
 
 impl Target<'_> {
     pub(crate) fn is_dead(&self) -> bool {
-        self.client.is_closed() || self.state.is_dead()
+        self.client.is_closed() || self.state.load.is_dead()
     }
 
     /// Asks the server to cancel what the backend runs now, and waits until
@@ -142,17 +142,11 @@ pub(crate) async fn prepared(
 /// is: its transactions are the pool's own atomic batches, whose items are
 /// described before they are sent.
 async fn in_transaction(target: Target<'_>) -> bool {
-    if target.state.is_shared() {
+    if target.state.load.is_shared() {
         return false;
     }
     target.state.settled().await;
-    matches!(
-        target
-            .state
-            .tx_status
-            .load(std::sync::atomic::Ordering::Acquire),
-        b'T' | b'E'
-    )
+    matches!(target.state.session.tx_status(), b'T' | b'E')
 }
 
 /// Runs `sql` on `target`.
@@ -178,7 +172,7 @@ pub(crate) async fn run(
     loop {
         let statement = prepared(target, prepare, sql).await?;
         params::check_params(statement.param_types(), params, false)?;
-        if target.state.one_at_a_time() {
+        if target.state.traits.one_at_a_time() {
             // Boxed: only behind some poolers; the common future stays small.
             Box::pin(target.state.wire_idle()).await;
         }
@@ -293,7 +287,7 @@ pub(crate) async fn clean_session(target: Target<'_>) {
         )
     });
     let with_hook;
-    let cleanup = match target.state.after_connect() {
+    let cleanup = match target.state.traits.after_connect() {
         // The pool's own set-up, again, before the count.
         Some(after) => {
             with_hook = format!(
@@ -331,7 +325,7 @@ pub(crate) async fn run_for_holder(
     settings: RunSettings,
 ) -> Result<Answer, Error> {
     sql_guard::check_not_copy(sql)?;
-    if target.state.behind_transaction_pooler() {
+    if target.state.traits.behind_transaction_pooler() {
         sql_guard::check_through_transaction_pooler(sql)?;
     }
     // What no reset undoes closes the connection when it comes back: the
@@ -442,7 +436,7 @@ pub(crate) async fn within_deadline<T>(
         // stay stuck behind it: close the connection instead. The pooler
         // then drops the query if it had no server yet, or closes the
         // server it ran on.
-        Late::Cancel if target.state.behind_transaction_pooler() => {
+        Late::Cancel if target.state.traits.behind_transaction_pooler() => {
             target.state.kill(CloseReason::Broken);
             Err(Error::query_timeout(
                 "its connection to the pooler was closed, which ends it there",
@@ -576,7 +570,7 @@ pub(crate) async fn send(
         if target.is_dead() {
             return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
         }
-        if target.state.is_quarantined() {
+        if target.state.session.is_quarantined() {
             // Admitted before its connection was quarantined, and not yet
             // sent (it waited for a prepare, a batch window, a hand-off): it
             // goes elsewhere rather than out on a session known to be dirty.
@@ -663,7 +657,7 @@ async fn collect(
         too_large = past_limits(limits, bytes, rows.len());
         if too_large.is_some() {
             rows = Vec::new();
-            _draining = Some(target.state.draining());
+            _draining = Some(target.state.counts.draining());
         } else {
             rows.push(row);
         }

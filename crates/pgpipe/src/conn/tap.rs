@@ -23,7 +23,6 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
@@ -148,9 +147,9 @@ impl<S> TappedStream<S> {
             outbound: Framer::new(Phase::Startup),
             inbound: Framer::new(Phase::Typed),
             probe: None,
-            groups: state.read_groups.then(Box::default),
+            groups: state.traits.read_groups().then(Box::default),
             units: Box::default(),
-            gate: state.one_at_a_time().then(Box::default),
+            gate: state.traits.one_at_a_time().then(Box::default),
             state,
         }
     }
@@ -161,10 +160,7 @@ impl<S> TappedStream<S> {
     }
 
     fn observe_read(&mut self, mut bytes: &[u8]) {
-        let now = self.pool.ticks();
-        if self.state.last_progress_tick.load(Ordering::Relaxed) != now {
-            self.state.last_progress_tick.store(now, Ordering::Relaxed);
-        }
+        self.state.counts.progressed_if_moved(self.pool.ticks());
         match (self.outbound.phase, bytes.first()) {
             // The server's answer to an SSLRequest: `S` (or `G`), encryption
             // follows and a tap above it sees the protocol; `N`, plaintext.
@@ -181,7 +177,7 @@ impl<S> TappedStream<S> {
         let state = &self.state;
         let units = &mut self.units;
         let pool = &self.pool;
-        let answered_before = state.readies.load(Ordering::Acquire);
+        let answered_before = state.counts.readies();
         let (mut readies, mut copy_ins) = (0, 0);
         self.inbound.feed(bytes, |message| match message.kind {
             // COPY FROM STDIN over the extended protocol: the Sync sent
@@ -190,7 +186,7 @@ impl<S> TappedStream<S> {
             b'G' => copy_ins += 1,
             b'Z' => {
                 let status = message.first.unwrap_or(b'I');
-                state.tx_status.store(status, Ordering::Release);
+                state.session.set_tx_status(status);
                 readies += 1;
                 let in_batch = units.inside(answered_before + readies);
                 if status != b'I' && !in_batch {
@@ -207,16 +203,16 @@ impl<S> TappedStream<S> {
             // A standby promoted under a connection: its host's role
             // changed. The connection finishes what it carries and takes
             // nothing new; the pool re-checks every host's role.
-            b'S' if state.readies.load(Ordering::Acquire) + readies > 0
+            b'S' if state.counts.readies() + readies > 0
                 && message.parameter_name() == b"in_hot_standby"
-                && !state.behind_transaction_pooler() =>
+                && !state.traits.behind_transaction_pooler() =>
             {
                 state.quarantine(QuarantineReason::RoleChange);
                 self.pool.role_changed();
             }
-            b'S' if state.readies.load(Ordering::Acquire) + readies > 0
+            b'S' if state.counts.readies() + readies > 0
                 && !SERVER_STATE.contains(&message.parameter_name())
-                && !state.behind_transaction_pooler()
+                && !state.traits.behind_transaction_pooler()
                 && !units.covers(answered_before + readies + 1) =>
             {
                 state.quarantine(QuarantineReason::SessionState);
@@ -225,13 +221,10 @@ impl<S> TappedStream<S> {
             _ => {}
         });
         if copy_ins > 0 {
-            state.requests.fetch_sub(copy_ins, Ordering::AcqRel);
+            state.counts.unanswered(copy_ins);
         }
         if readies > 0 {
-            state
-                .last_ready_nanos
-                .store(self.pool.now_nanos(), Ordering::Relaxed);
-            let answered = state.readies.fetch_add(readies, Ordering::AcqRel) + readies;
+            let answered = state.counts.answered(readies, self.pool.now_nanos());
             state.wake();
             if let Some(waker) = self.gate.as_mut().and_then(|gate| gate.1.take()) {
                 waker.wake();
@@ -251,8 +244,7 @@ impl<S> TappedStream<S> {
     /// read (milliseconds, on a busy host) can only make a sample longer,
     /// which the estimate ignores, never shorter, which it would believe.
     fn probe_start(&self) -> Option<Instant> {
-        let idle = self.state.requests.load(Ordering::Acquire)
-            == self.state.readies.load(Ordering::Acquire);
+        let idle = self.state.counts.is_idle();
         (idle && self.probe.is_none()).then(Instant::now)
     }
 
@@ -264,8 +256,8 @@ impl<S> TappedStream<S> {
         // but take no part in batching, and the start-up (several round
         // trips of authentication) is no round-trip sample.
         let (mut syncs, mut others) = (0, 0);
-        let written_before = self.state.requests.load(Ordering::Acquire);
-        let shared = self.state.is_shared();
+        let written_before = self.state.counts.requests();
+        let shared = self.state.load.is_shared();
         if !shared && !self.units.0.is_empty() {
             self.units.0.clear();
         }
@@ -294,29 +286,28 @@ impl<S> TappedStream<S> {
             }
         });
         if lasting {
-            self.state.closing(crate::metrics::CloseReason::ResetFailed);
+            self.state
+                .life
+                .closing(crate::metrics::CloseReason::ResetFailed);
         }
         if others > 0 {
-            self.state.requests.fetch_add(others, Ordering::AcqRel);
+            self.state.counts.wrote(others);
         }
         if syncs == 0 {
             return;
         }
-        let before = self.state.requests.fetch_add(syncs, Ordering::AcqRel);
-        let idle = before == self.state.readies.load(Ordering::Acquire);
+        let before = self.state.counts.wrote(syncs);
+        let idle = before == self.state.counts.readies();
         if let (true, Some(start)) = (idle, probe_start) {
             self.probe = Some((start, before + 1));
         }
         if idle {
             // Nothing was owed until now: the stall clock starts here.
             let now = self.pool.ticks();
-            self.state.last_progress_tick.store(now, Ordering::Relaxed);
-            self.state
-                .last_ready_nanos
-                .store(self.pool.now_nanos(), Ordering::Relaxed);
+            self.state.counts.woke(now, self.pool.now_nanos());
         }
         if let Some(metrics) = &self.pool.metrics {
-            if self.state.is_shared() {
+            if self.state.load.is_shared() {
                 // The first query written to an idle connection pays a round
                 // trip; every other one rides along.
                 let saved = if idle { syncs - 1 } else { syncs };
@@ -346,7 +337,7 @@ impl<S> TappedStream<S> {
     fn arm_groups(&mut self) {
         let ready = self.outbound.phase == Phase::Typed
             && self.inbound.at_boundary()
-            && self.state.readies.load(Ordering::Acquire) > 0;
+            && self.state.counts.readies() > 0;
         if let Some(groups) = self.groups.as_mut() {
             if ready && !groups.rewriter.is_armed() {
                 groups.rewriter.arm();
@@ -438,7 +429,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
             // Bytes arrived: progress, for the stall watchdog, even while a
             // large message is still being gathered.
             let now = this.pool.ticks();
-            this.state.last_progress_tick.store(now, Ordering::Relaxed);
+            this.state.counts.progressed(now);
             let groups = this.groups.as_mut().expect("grouping");
             groups.input.clear();
             groups.in_pos = 0;
@@ -457,8 +448,7 @@ impl<S> TappedStream<S> {
     /// Only past start-up and on the plaintext protocol: under TLS the tap
     /// above the encryption holds the gate.
     fn gate_if_active(&mut self) -> Option<&mut (Gate, Option<std::task::Waker>)> {
-        let active =
-            self.outbound.phase == Phase::Typed && self.state.readies.load(Ordering::Acquire) > 0;
+        let active = self.outbound.phase == Phase::Typed && self.state.counts.readies() > 0;
         self.gate.as_deref_mut().filter(|_| active)
     }
 
@@ -467,7 +457,7 @@ impl<S> TappedStream<S> {
             return Some(buf);
         }
         let state = Arc::clone(&self.state);
-        let owed = || state.wire_depth() > 0 && !state.is_dead();
+        let owed = || state.counts.depth() > 0 && !state.load.is_dead();
         let Some(gate) = self.gate_if_active() else {
             return Some(buf);
         };
@@ -535,7 +525,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for TappedStream<S> {
         std::task::ready!(self.poll_drain(cx))?;
         let probe_start = self.probe_start();
         self.observe_write(buf, probe_start);
-        let shared = self.state.is_shared();
+        let shared = self.state.load.is_shared();
         let this = &mut *self;
         let groups = this.groups.as_mut().expect("grouping");
         let pool = &this.pool;
@@ -579,8 +569,8 @@ mod tests {
         let startup = [0, 0, 0, 9, 0, 3, 0, 0, 0];
         tap.observe_write(&startup, None);
         tap.observe_read(&[b'Z', 0, 0, 0, 5, b'I']);
-        let requests = state.requests.load(Ordering::Relaxed);
-        assert_eq!((requests, state.readies.load(Ordering::Relaxed)), (1, 1));
+        let counts = (state.counts.requests(), state.counts.readies());
+        assert_eq!(counts, (1, 1));
     }
 
     #[test]
@@ -592,11 +582,7 @@ mod tests {
         tap.observe_write(&ssl, None);
         tap.observe_read(b"S\x16\x03\x03");
         tap.observe_write(&[b'S', 0, 0, 0, 4], None);
-        assert_eq!(
-            state.requests.load(Ordering::Relaxed),
-            0,
-            "ciphertext is not parsed"
-        );
+        assert_eq!(state.counts.requests(), 0, "ciphertext is not parsed");
     }
 
     fn simple_query(sql: &str) -> Vec<u8> {
@@ -647,23 +633,23 @@ mod tests {
         for status in [b'I', b'T', b'T', b'E', b'I', b'I'] {
             tap.observe_read(&ready(status));
         }
-        assert!(!state.is_quarantined());
+        assert!(!state.session.is_quarantined());
         // The query before it in a transaction: quarantined.
         let (state, mut tap) = shared();
         tap.observe_read(&ready(b'T'));
-        assert!(state.is_quarantined());
+        assert!(state.session.is_quarantined());
         // A COMMIT that leaves one open: quarantined.
         let (state, mut tap) = shared();
         for status in [b'I', b'T', b'T', b'T', b'T'] {
             tap.observe_read(&ready(status));
         }
-        assert!(state.is_quarantined());
+        assert!(state.session.is_quarantined());
         // The query after it in a transaction: quarantined.
         let (state, mut tap) = shared();
         for status in [b'I', b'T', b'T', b'T', b'I', b'T'] {
             tap.observe_read(&ready(status));
         }
-        assert!(state.is_quarantined());
+        assert!(state.session.is_quarantined());
         // BEGIN written (and answered) before the rest of its batch: the
         // batch still covers the rest.
         let (state, mut tap) = shared_tap();
@@ -673,7 +659,7 @@ mod tests {
         for status in [b'T', b'I'] {
             tap.observe_read(&ready(status));
         }
-        assert!(!state.is_quarantined());
+        assert!(!state.session.is_quarantined());
         // Its COMMIT written once the connection was no longer shared: the
         // batch is forgotten, and covers nothing after.
         let (state, mut tap) = shared_tap();
@@ -685,7 +671,7 @@ mod tests {
         for status in [b'T', b'I', b'T'] {
             tap.observe_read(&ready(status));
         }
-        assert!(state.is_quarantined());
+        assert!(state.session.is_quarantined());
         // Written while the connection was exclusive: no batch is known.
         let state = Arc::new(ConnState::default());
         let mut tap = TappedStream::new((), Arc::clone(&state), Arc::new(PoolWire::default()));
@@ -694,7 +680,7 @@ mod tests {
         tap.observe_write(&[&simple_query("BEGIN")[..], &SYNC].concat(), None);
         state.load.share();
         tap.observe_read(&ready(b'T'));
-        assert!(state.is_quarantined());
+        assert!(state.session.is_quarantined());
     }
 
     fn parameter_status(name: &str, value: &str) -> Vec<u8> {
@@ -720,7 +706,7 @@ mod tests {
         let (state, mut tap, signal) = tapped();
         tap.observe_read(&parameter_status("in_hot_standby", "off"));
         assert_eq!(
-            state.quarantine_reason(),
+            state.session.quarantine_reason(),
             Some(QuarantineReason::RoleChange),
             "a promotion retires the connection as a role change, not session state"
         );
@@ -733,12 +719,12 @@ mod tests {
         let (state, mut tap, _) = tapped();
         tap.observe_read(&parameter_status("server_version", "16"));
         assert!(
-            !state.is_quarantined(),
+            !state.session.is_quarantined(),
             "server state is no session's doing"
         );
         tap.observe_read(&parameter_status("application_name", "x"));
         assert_eq!(
-            state.quarantine_reason(),
+            state.session.quarantine_reason(),
             Some(QuarantineReason::SessionState)
         );
     }
