@@ -12,6 +12,9 @@
 //!   its catalog.
 //! - [`sql_guard`]: the lexer-based guard that refuses session SQL on the
 //!   shared path.
+//! - [`watch`]: what a connection's answers say about its session (a
+//!   transaction left open, a setting changed, a standby promoted), as
+//!   verdicts the tap applies.
 
 pub(crate) mod catalog;
 pub(crate) mod coalesce;
@@ -24,3 +27,4 @@ mod lexer;
 mod lexer_diff;
 pub(crate) mod rtt;
 pub(crate) mod sql_guard;
+pub(crate) mod watch;
