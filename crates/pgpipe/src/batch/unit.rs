@@ -100,7 +100,7 @@ impl Batch<'_> {
                 // Every request, or none, joins the pipeline: on a
                 // connection that is quarantined or gone, none.
                 let usable = || {
-                    let usable = !target.is_dead() && !target.state.is_quarantined();
+                    let usable = !target.is_dead() && !target.state.session.is_quarantined();
                     turned.store(usable, Ordering::Release);
                     usable
                 };

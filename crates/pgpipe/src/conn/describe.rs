@@ -211,7 +211,7 @@ pub(crate) async fn describe_here(
         .await
         .map_err(|e| Error::from_query(e, client.is_closed()))?;
     types_of(statement).map_err(|ty| {
-        state.closing(CloseReason::ResetFailed);
+        state.life.closing(CloseReason::ResetFailed);
         not_ours(&ty, "; the connection is closed when it comes back")
     })
 }

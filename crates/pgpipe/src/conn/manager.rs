@@ -1,14 +1,13 @@
 //! The deadpool manager: how connections are opened, checked and recycled.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, RecycleError, RecycleResult};
 
 use super::describe::Descriptions;
 use super::notifications::Notifications;
-use super::state::Behind;
+use super::state::{Behind, Traits};
 use super::statement_cache::StatementCache;
 use super::step_aside::StepAside;
 use super::tls::Tls;
@@ -61,12 +60,8 @@ impl Manager {
     /// `after_connect`.
     pub(crate) async fn open(&self) -> Result<PgConn, Error> {
         let started = Instant::now();
-        let state = Arc::new(ConnState::new(
-            self.wire.metrics.clone(),
-            self.after_connect.clone(),
-            self.behind,
-            self.read_groups,
-        ));
+        let traits = Traits::new(self.after_connect.clone(), self.behind, self.read_groups);
+        let state = Arc::new(ConnState::new(self.wire.metrics.clone(), traits));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(
             &self.config,
@@ -91,11 +86,11 @@ impl Manager {
             io_state.wake();
             io_notifications.close();
         });
-        state.set_io(io.abort_handle());
+        state.life.set_io(io.abort_handle());
         self.wire.register(&state);
         let now = self.wire.ticks();
-        state.last_progress_tick.store(now, Ordering::Relaxed);
-        state.returned_tick.store(now, Ordering::Relaxed);
+        state.counts.progressed(now);
+        state.life.returned(now);
         connect::check_session_attrs(&self.config, &client).await?;
         if let Some(sql) = &self.after_connect {
             client
@@ -140,7 +135,7 @@ impl managed::Manager for Manager {
         if conn.is_dead() {
             return Err(RecycleError::message("connection is closed"));
         }
-        if conn.state.close_reason().is_some() {
+        if conn.state.life.close_reason().is_some() {
             return Err(RecycleError::message("connection marked to close"));
         }
         if conn.is_expired() {
@@ -157,7 +152,7 @@ impl managed::Manager for Manager {
         // Answers still owed may also belong to a query abandoned at its
         // deadline: give them a moment, and rather than keep the next user
         // waiting on them, close the connection.
-        if conn.state.tx_status.load(Ordering::Acquire) != b'I' || conn.state.wire_depth() > 0 {
+        if conn.state.session.tx_status() != b'I' || conn.state.counts.depth() > 0 {
             let rollback = conn.client.batch_execute("ROLLBACK");
             match tokio::time::timeout(RECYCLE_PATIENCE, rollback).await {
                 Ok(Ok(())) => {}
@@ -174,8 +169,7 @@ impl managed::Manager for Manager {
         // served the shared path): no state of theirs reaches the next user.
         // Behind a transaction pooler there is no session of its own to
         // reset: the next statement may run on any server.
-        let needs_reset =
-            conn.state.needs_reset.load(Ordering::Acquire) && self.behind == Behind::Nothing;
+        let needs_reset = conn.state.session.needs_reset() && self.behind == Behind::Nothing;
         conn.reset_owed = needs_reset && CALLER_RESETS.try_with(|()| ()).is_ok();
         if needs_reset && !conn.reset_owed {
             let reset = conn.reset_session();

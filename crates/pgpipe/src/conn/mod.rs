@@ -6,7 +6,11 @@
 //!
 //! - [`PgConn`] (here): the client, its [`ConnState`], its statement cache,
 //!   where its socket went; session reset and cancel.
-//! - [`state`]: the load word admission works on, and what the tap saw.
+//! - [`state`]: [`ConnState`] in parts, by who writes them: the load word
+//!   admission works on, the wire counts the tap keeps, the session, the
+//!   lifecycle, what the connection is.
+//! - [`tap`]: the socket wrapper that sees every byte, counts requests and
+//!   answers into [`state`] and applies `protocol::watch`'s verdicts.
 //! - [`wire`]: [`PoolWire`], what every tap reports, and the pool's clock.
 //! - [`manager`]: the deadpool manager: open, recycle, lifetime jitter.
 //! - [`step_aside`]: the I/O task's zero-length batch window.
@@ -25,12 +29,12 @@ pub(crate) mod run;
 pub(crate) mod state;
 pub(crate) mod statement_cache;
 mod step_aside;
+pub(crate) mod tap;
 pub(crate) mod tls;
 pub(crate) mod turn;
 pub(crate) mod wire;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, SimpleQueryMessage};
@@ -71,7 +75,7 @@ pub(crate) struct PgConn {
 impl PgConn {
     /// True once the connection's I/O task has ended.
     pub(crate) fn is_dead(&self) -> bool {
-        self.client.is_closed() || self.state.is_dead()
+        self.client.is_closed() || self.state.load.is_dead()
     }
 
     /// Whether it has outlived `max_lifetime`.
@@ -97,7 +101,7 @@ impl PgConn {
     /// ALL`), so the statement cache stays valid; statements made with SQL
     /// `PREPARE` are deallocated.
     pub(crate) async fn reset_session(&self) -> Result<(), Error> {
-        let rollback = self.state.tx_status.load(Ordering::Acquire) != b'I';
+        let rollback = self.state.session.tx_status() != b'I';
         self.reset(rollback).await
     }
 
@@ -121,7 +125,7 @@ impl PgConn {
             "; SELECT name AS pgpipe_sql_prepared FROM pg_catalog.pg_prepared_statements \
              WHERE from_sql",
         );
-        if let Some(after) = self.state.after_connect() {
+        if let Some(after) = self.state.traits.after_connect() {
             sql.push_str("; ");
             sql.push_str(after);
         }
@@ -147,7 +151,7 @@ impl PgConn {
         }
         // After `UNLISTEN *`: what the last user did not read is theirs.
         self.notifications.clear();
-        self.state.cleaned();
+        self.state.session.cleaned();
         Ok(())
     }
 
@@ -163,13 +167,13 @@ impl PgConn {
 
     /// Notes why the pool is about to drop this connection.
     pub(crate) fn closing(&self, reason: CloseReason) {
-        self.state.closing(reason);
+        self.state.life.closing(reason);
     }
 
     /// Notes that it went back to the idle set now (for `idle_timeout`).
     pub(crate) fn returned(&self) {
         let now = self.wire.ticks();
-        self.state.returned_tick.store(now, Ordering::Relaxed);
+        self.state.life.returned(now);
     }
 }
 
@@ -184,11 +188,13 @@ pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RES
 
 impl Drop for PgConn {
     fn drop(&mut self) {
-        let reason = match self.state.close_reason() {
+        let reason = match self.state.life.close_reason() {
             Some(reason) => reason,
             None if self.is_dead() => CloseReason::Broken,
             None => CloseReason::Shutdown,
         };
-        self.state.count_close(self.wire.metrics.as_deref(), reason);
+        self.state
+            .life
+            .count_close(self.wire.metrics.as_deref(), reason);
     }
 }

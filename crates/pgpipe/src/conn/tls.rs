@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 
+use super::tap::TappedStream;
 use super::{ConnState, PoolWire};
-use crate::protocol::tap::TappedStream;
 
 /// The pool's TLS set-up: none, or a rustls connector.
 #[derive(Clone, Default)]

@@ -3,7 +3,6 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use deadpool::managed::Object;
 use tokio_postgres::types::ToSql;
@@ -233,7 +232,7 @@ impl Drop for Connection {
                 .exclusive_hold
                 .observe(since.elapsed().as_secs_f64());
         }
-        self.object.state.exclusive.store(false, Ordering::Release);
+        self.object.state.life.set_exclusive(false);
         self.object.returned();
     }
 }

@@ -242,9 +242,9 @@ impl Exclusive {
         drop(waiting);
         let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
         if holder != Holder::Pool {
-            object.state.needs_reset.store(true, Ordering::Release);
+            object.state.session.mark_needs_reset();
         }
-        object.state.exclusive.store(true, Ordering::Release);
+        object.state.life.set_exclusive(true);
         let held = match holder {
             Holder::Caller | Holder::Begin => self.metrics.clone(),
             Holder::Pool => None,

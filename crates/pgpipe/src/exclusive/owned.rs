@@ -26,7 +26,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
-use std::sync::atomic::Ordering;
 use std::task::{Context, Waker};
 
 use tokio_postgres::types::ToSql;
@@ -93,7 +92,7 @@ impl OwnedTransaction {
                 Ok([Ok(()), begun]) => {
                     // The reset marked the session clean; from here it is
                     // this user's, and is reset again after them.
-                    pg.state.needs_reset.store(true, Ordering::Release);
+                    pg.state.session.mark_needs_reset();
                     begun
                 }
                 failed_reset => {
@@ -159,7 +158,7 @@ impl OwnedTransaction {
         self.ended = true;
         let pg = self.conn.pg_conn();
         let failed = |e| Error::from_query(e, pg.client.is_closed());
-        if pg.state.behind_transaction_pooler() {
+        if pg.state.traits.behind_transaction_pooler() {
             // No session of its own to reset: after the transaction, the
             // next statement may run on any server (and some poolers take
             // one request at a time).

@@ -1,7 +1,15 @@
 //! Message boundaries of the PostgreSQL wire protocol, one direction at a
-//! time: a type byte and a length, and of the payload only what a caller
-//! asks to keep (a setting's name; the SQL of `Query` and `Parse` while
-//! [`Framer::capture_sql`] is on).
+//! time: a type byte and a length, where each message starts and ends in
+//! the stream, and of the payload only what its user asks to keep
+//! ([`Keep`]: for the tap, a setting's name and the SQL of `Query` and
+//! `Parse` while [`Framer::capture_sql`] is on; for the read-group
+//! rewriter, the start of `Bind`, `Execute` and `Close` and whole `Parse`
+//! bodies).
+//!
+//! The one walker of the protocol: the tap's two directions and the
+//! rewriter's (`coalesce`) all frame with it. [`Framer::next`] hands out
+//! the whole messages a chunk of the stream completes, one at a time;
+//! [`Framer::feed`] calls back with each.
 
 /// Where a direction of the stream is in the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,10 +25,47 @@ pub(crate) enum Phase {
     Opaque,
 }
 
+/// What a [`Framer`] keeps of the bodies of which messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// The tap's: the first [`TAP_PREFIX`] bytes of a `ParameterStatus`
+    /// (`S`, the setting's name) and of a simple `Query`; with
+    /// [`capture_sql`](Framer::capture_sql) on, `Query` and `Parse` bodies
+    /// whole.
+    Tap,
+    /// The read-group rewriter's: the first [`PREFIX`] bytes of `Bind`,
+    /// `Execute` and `Close` (portal, statement name, row limit); with
+    /// capture on, `Parse` bodies whole.
+    Rewriter,
+}
+
+impl Keep {
+    /// How many first body bytes of a message of type `kind` are kept.
+    #[inline]
+    fn prefix(self, kind: u8) -> usize {
+        match (self, kind) {
+            (Keep::Tap, b'S' | b'Q') => TAP_PREFIX,
+            (Keep::Rewriter, b'B' | b'E' | b'C') => PREFIX,
+            _ => 0,
+        }
+    }
+
+    /// Whether the body of a message of type `kind` is kept whole while
+    /// capture is on.
+    #[inline]
+    fn whole(self, kind: u8) -> bool {
+        match self {
+            Keep::Tap => matches!(kind, b'Q' | b'P'),
+            Keep::Rewriter => kind == b'P',
+        }
+    }
+}
+
 /// Walks message boundaries in one direction of the stream.
 #[derive(Debug)]
 pub(crate) struct Framer {
     pub(crate) phase: Phase,
+    keep: Keep,
     header: [u8; 8],
     header_len: usize,
     /// Body bytes of the current message still to come.
@@ -28,35 +73,50 @@ pub(crate) struct Framer {
     kind: u8,
     /// The first body byte of the current message (ReadyForQuery's status).
     first: Option<u8>,
-    /// The start of a ParameterStatus body: the setting's name.
+    /// The start of the current message's body, as [`Keep`] says.
     prefix: [u8; PREFIX],
     prefix_len: usize,
-    /// Whether the bodies of `Query` and `Parse` messages are kept whole.
+    /// How much of the current message's body goes into `prefix`.
+    prefix_max: usize,
+    /// Whether the bodies [`Keep`] names are kept whole.
     capture: bool,
     /// The kept body of the current message, up to [`CAPTURED`] bytes.
     captured: Vec<u8>,
     /// Whether the current message's body was longer than that.
     overflowed: bool,
+    /// Bytes of the stream walked so far, while it could be parsed.
+    offset: u64,
+    /// Where the current message starts in the stream.
+    start: u64,
 }
 
-/// The longest `Query` or `Parse` body kept whole; a longer one is
-/// reported as cut short.
-const CAPTURED: usize = 64 * 1024;
+/// The longest body kept whole; a longer one is reported as cut short.
+pub(crate) const CAPTURED: usize = 64 * 1024;
 
-/// How much of a ParameterStatus body is kept: enough for the names of the
-/// settings the server reports.
-const PREFIX: usize = 32;
+/// Most body bytes kept as a prefix: the rewriter's `Bind` and `Execute`
+/// starts.
+const PREFIX: usize = 64;
+
+/// How much of a ParameterStatus body the tap keeps: enough for the names
+/// of the settings the server reports.
+const TAP_PREFIX: usize = 32;
 
 /// One complete message seen by a [`Framer`].
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Message<'a> {
     pub(crate) kind: u8,
     pub(crate) first: Option<u8>,
-    prefix: [u8; PREFIX],
-    prefix_len: usize,
-    /// With [`Framer::capture_sql`] on, a `Query` or `Parse` body: whole
-    /// (`Ok`), or cut short at [`CAPTURED`] bytes (`Err`).
+    /// The start of its body, for the types its framer's [`Keep`] names
+    /// (empty for others).
+    pub(crate) prefix: &'a [u8],
+    /// With [`Framer::capture_sql`] on, the body of a type its framer's
+    /// [`Keep`] keeps whole: whole (`Ok`), or cut short at [`CAPTURED`]
+    /// bytes (`Err`).
     pub(crate) body: Option<Result<&'a [u8], &'a [u8]>>,
+    /// Where it starts and ends in the stream (bytes since the framer was
+    /// made).
+    pub(crate) start: u64,
+    pub(crate) end: u64,
 }
 
 impl Message<'_> {
@@ -64,7 +124,7 @@ impl Message<'_> {
     /// to its first 31 bytes); for a simple Query (`Q`), its SQL's first
     /// bytes, the same way; empty for other messages.
     pub(crate) fn parameter_name(&self) -> &[u8] {
-        let prefix = &self.prefix[..self.prefix_len];
+        let prefix = self.prefix;
         prefix
             .iter()
             .position(|&b| b == 0)
@@ -76,9 +136,16 @@ pub(crate) const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
 
 impl Framer {
+    /// The tap's framer for one direction, starting at `phase`.
     pub(crate) fn new(phase: Phase) -> Framer {
+        Framer::keeping(phase, Keep::Tap)
+    }
+
+    /// A framer that keeps what `keep` says.
+    pub(crate) fn keeping(phase: Phase, keep: Keep) -> Framer {
         Framer {
             phase,
+            keep,
             header: [0; 8],
             header_len: 0,
             body_left: 0,
@@ -86,14 +153,17 @@ impl Framer {
             first: None,
             prefix: [0; PREFIX],
             prefix_len: 0,
+            prefix_max: 0,
             capture: false,
             captured: Vec::new(),
             overflowed: false,
+            offset: 0,
+            start: 0,
         }
     }
 
-    /// Keeps the bodies of `Query` and `Parse` messages that start from now
-    /// on whole, for the callback of [`feed`](Framer::feed), or stops.
+    /// Keeps the bodies [`Keep`] names that start from now on whole, for
+    /// [`Message::body`], or stops.
     pub(crate) fn capture_sql(&mut self, on: bool) {
         if self.capture && !on {
             self.captured = Vec::new();
@@ -102,12 +172,17 @@ impl Framer {
     }
 
     fn capturing(&self) -> bool {
-        self.capture && matches!(self.kind, b'Q' | b'P')
+        self.capture && self.keep.whole(self.kind)
     }
 
     /// Whether it stands between two messages (not inside one).
     pub(crate) fn at_boundary(&self) -> bool {
         self.header_len == 0 && self.body_left == 0
+    }
+
+    /// Bytes of the stream walked so far: where the next byte fed sits.
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
     }
 
     fn header_size(&self) -> usize {
@@ -116,15 +191,26 @@ impl Framer {
 
     /// Feeds bytes that went over the wire, calling `on_message` for each
     /// message that completes.
+    #[inline]
     pub(crate) fn feed(&mut self, mut bytes: &[u8], mut on_message: impl FnMut(Message<'_>)) {
+        while let Some(message) = self.next(&mut bytes) {
+            on_message(message);
+        }
+    }
+
+    /// Walks `bytes` up to the end of the next message they complete and
+    /// returns it, leaving the rest in `bytes`; `None` once `bytes` is used
+    /// up, or the stream can no longer be parsed (what was read of a
+    /// message waits for the next call).
+    pub(crate) fn next(&mut self, bytes: &mut &[u8]) -> Option<Message<'_>> {
         while !bytes.is_empty() && !matches!(self.phase, Phase::Opaque | Phase::Negotiating) {
             if self.body_left > 0 {
                 let take = self.body_left.min(bytes.len());
                 if self.first.is_none() {
                     self.first = Some(bytes[0]);
                 }
-                if matches!(self.kind, b'S' | b'Q') && self.prefix_len < PREFIX {
-                    let keep = take.min(PREFIX - self.prefix_len);
+                if self.prefix_len < self.prefix_max {
+                    let keep = take.min(self.prefix_max - self.prefix_len);
                     self.prefix[self.prefix_len..self.prefix_len + keep]
                         .copy_from_slice(&bytes[..keep]);
                     self.prefix_len += keep;
@@ -135,24 +221,32 @@ impl Framer {
                     self.overflowed |= take > room;
                 }
                 self.body_left -= take;
-                bytes = &bytes[take..];
+                self.offset += take as u64;
+                *bytes = &bytes[take..];
                 if self.body_left == 0 {
-                    self.finish(&mut on_message);
+                    return Some(self.finish());
                 }
                 continue;
+            }
+            if self.header_len == 0 {
+                self.start = self.offset;
             }
             let need = self.header_size() - self.header_len;
             let take = need.min(bytes.len());
             self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
             self.header_len += take;
-            bytes = &bytes[take..];
-            if self.header_len == self.header_size() {
-                self.start_body(&mut on_message);
+            self.offset += take as u64;
+            *bytes = &bytes[take..];
+            if self.header_len == self.header_size() && self.start_body() {
+                return Some(self.finish());
             }
         }
+        None
     }
 
-    fn start_body(&mut self, on_message: &mut impl FnMut(Message<'_>)) {
+    /// Reads the header just completed; returns whether the message is
+    /// complete already (an empty body).
+    fn start_body(&mut self) -> bool {
         self.header_len = 0;
         self.first = None;
         self.prefix_len = 0;
@@ -166,7 +260,7 @@ impl Framer {
         if len < counted as i32 {
             // Not a frame this parser understands: stop parsing, keep counting.
             self.phase = Phase::Opaque;
-            return;
+            return false;
         }
         if self.phase == Phase::Startup {
             let code = u32::from_be_bytes(self.header[4..8].try_into().expect("4 bytes"));
@@ -174,18 +268,17 @@ impl Framer {
                 // Not a request the server answers with ReadyForQuery: a
                 // one-byte yes or no to encryption, which the reader sees.
                 self.phase = Phase::Negotiating;
-                return;
+                return false;
             }
             self.phase = Phase::Typed;
         }
         self.kind = kind;
+        self.prefix_max = self.keep.prefix(kind);
         self.body_left = len as usize - counted;
-        if self.body_left == 0 {
-            self.finish(on_message);
-        }
+        self.body_left == 0
     }
 
-    fn finish(&mut self, on_message: &mut impl FnMut(Message<'_>)) {
+    fn finish(&mut self) -> Message<'_> {
         let body = self.capturing().then(|| {
             if self.overflowed {
                 Err(&self.captured[..])
@@ -193,13 +286,14 @@ impl Framer {
                 Ok(&self.captured[..])
             }
         });
-        on_message(Message {
+        Message {
             kind: self.kind,
             first: self.first.take(),
-            prefix: self.prefix,
-            prefix_len: std::mem::take(&mut self.prefix_len),
+            prefix: &self.prefix[..self.prefix_len],
             body,
-        });
+            start: self.start,
+            end: self.offset,
+        }
     }
 }
 
@@ -343,6 +437,55 @@ mod tests {
         assert!(seen.is_empty());
         let seen = messages(Phase::Typed, &[&[b'D', 0, 0, 0, 2]]);
         assert!(seen.is_empty());
+    }
+
+    #[test]
+    fn next_hands_out_whole_messages_with_their_place_in_the_stream() {
+        let bind = message(b'B', b"\0s1\0\0\0\0\0\0\0");
+        let parse = message(b'P', b"s2\0SELECT 1\0\0\0");
+        let stream = [bind.clone(), parse.clone(), message(b'S', b"")].concat();
+        let mut framer = Framer::keeping(Phase::Typed, Keep::Rewriter);
+        framer.capture_sql(true);
+        // Split anywhere: the same messages, at the same offsets.
+        for split in 0..stream.len() {
+            let base = framer.offset();
+            let mut seen = Vec::new();
+            for chunk in [&stream[..split], &stream[split..]] {
+                let mut rest = chunk;
+                while let Some(m) = framer.next(&mut rest) {
+                    let body = m.body.map(|b| b.map(<[u8]>::to_vec).map_err(<[u8]>::len));
+                    seen.push((m.kind, m.start, m.end, m.prefix.to_vec(), body));
+                }
+                assert!(rest.is_empty());
+            }
+            let (b, p) = (bind.len() as u64, parse.len() as u64);
+            assert_eq!(
+                seen,
+                [
+                    (b'B', base, base + b, bind[5..].to_vec(), None),
+                    (
+                        b'P',
+                        base + b,
+                        base + b + p,
+                        vec![],
+                        Some(Ok(parse[5..].to_vec()))
+                    ),
+                    (b'S', base + b + p, base + b + p + 5, vec![], None),
+                ],
+                "split at {split}"
+            );
+        }
+        // The tap's framer keeps none of that.
+        let mut tap = Framer::new(Phase::Typed);
+        tap.capture_sql(true);
+        let mut rest = &stream[..];
+        let m = tap.next(&mut rest).expect("the Bind");
+        assert!(m.prefix.is_empty() && m.body.is_none());
+        assert_eq!(
+            rest.len(),
+            stream.len() - bind.len(),
+            "only the Bind is walked"
+        );
     }
 
     #[test]

@@ -4,20 +4,22 @@
 //! - [`framer`]: message boundaries, one direction at a time.
 //! - [`gate`]: one request group on the wire at a time, behind poolers
 //!   that need it.
-//! - [`tap`]: the stream wrapper that feeds both directions to framers and
-//!   reports into the connection's state.
 //! - [`coalesce`]: read groups, one `Sync` for the reads of one write on a
-//!   read lane's shared connection, rewritten inside the tap.
+//!   read lane's shared connection, rewritten inside the connection's tap
+//!   (`conn::tap`).
 //! - [`rtt`]: the round-trip estimate from solitary round trips.
 //! - [`catalog`]: which names reach user code in a database, learned from
 //!   its catalog.
 //! - [`sql_guard`]: the lexer-based guard that refuses session SQL on the
 //!   shared path.
+//! - [`watch`]: what a connection's answers say about its session (a
+//!   transaction left open, a setting changed, a standby promoted), as
+//!   verdicts the tap applies.
 
 pub(crate) mod catalog;
 pub(crate) mod coalesce;
 pub(crate) mod framer;
-mod gate;
+pub(crate) mod gate;
 mod known_code;
 mod lasting;
 mod lexer;
@@ -25,4 +27,4 @@ mod lexer;
 mod lexer_diff;
 pub(crate) mod rtt;
 pub(crate) mod sql_guard;
-pub(crate) mod tap;
+pub(crate) mod watch;

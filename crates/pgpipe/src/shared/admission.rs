@@ -340,17 +340,17 @@ impl Overdue<'_> {
         let mut candidate = Candidate {
             in_flight: load.in_flight(),
             closed: load.is_closed(),
-            draining: conn.state().is_draining(),
+            draining: conn.state().counts.is_draining(),
             ..Candidate::default()
         };
         if hol && !candidate.closed {
             let state = conn.state();
             // A query whose caller dropped it gives its place back while it
             // is still on the wire: the wire's count keeps it in the load.
-            let wire_depth = state.wire_depth();
+            let wire_depth = state.counts.depth();
             candidate.in_flight = candidate.in_flight.max(wire_depth);
             candidate.slow = conn.slow_in_flight();
-            candidate.last_ready = state.last_ready_nanos.load(Ordering::Relaxed);
+            candidate.last_ready = state.counts.last_ready_nanos();
             let stuck = |after: u64| {
                 wire_depth > 0 && {
                     let now = *self.now.get_or_insert_with(|| self.router.wire.now_nanos());

@@ -94,7 +94,7 @@ impl Drop for SharedConn {
     fn drop(&mut self) {
         // Shared queries may leave what no cleanup can see from outside
         // (a sequence's `lastval`): reset before the next user, whoever it is.
-        self.state().needs_reset.store(true, Ordering::Release);
+        self.state().session.mark_needs_reset();
         self.object.returned();
         self.state().load.unshare();
     }

@@ -15,7 +15,7 @@
 //!   were ever seen.
 //! - **Overdue connections.** A connection that owes answers and has read
 //!   none for the floor plus the threshold is stuck behind something slow
-//!   that was not known to be (see `ConnState::last_ready_nanos`).
+//!   that was not known to be (see `WireCounts::last_ready_nanos`).
 //!
 //! Slow queries go to the connection with the fewest slow queries in
 //! flight; fast ones to connections with none and not overdue, opening

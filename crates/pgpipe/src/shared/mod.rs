@@ -194,7 +194,7 @@ impl Router {
             conns: conns.len(),
             in_flight: conns.iter().map(|c| c.in_flight() as usize).sum(),
             waiting: self.queue.len(),
-            wire_depth: conns.iter().map(|c| c.state().wire_depth()).sum(),
+            wire_depth: conns.iter().map(|c| c.state().counts.depth()).sum(),
             opening: self.opening.load(Ordering::Acquire),
         }
     }

@@ -70,7 +70,7 @@ impl Router {
     /// is the only one in flight there; else let it finish, its answer
     /// discarded (tokio-postgres reads past it).
     pub(crate) fn late(&self, conn: &SharedConn) -> Late {
-        let alone = conn.in_flight() <= 1 && conn.state().wire_depth() <= 1;
+        let alone = conn.in_flight() <= 1 && conn.state().counts.depth() <= 1;
         self.retire(conn);
         if alone { Late::Cancel } else { Late::Abandon }
     }
@@ -97,10 +97,10 @@ impl Router {
         // Shared connections, and retired or returned ones still owing
         // answers; never one checked out with `get()`.
         for state in self.wire.states() {
-            let silent = now.saturating_sub(state.last_progress_tick.load(Ordering::Relaxed));
-            let exclusive = state.exclusive.load(Ordering::Acquire);
-            let stalled = !exclusive && state.wire_depth() > 0 && silent >= limit;
-            if stalled && !state.is_dead() && !running_slow(&state) {
+            let silent = now.saturating_sub(state.counts.last_progress_tick());
+            let exclusive = state.life.is_exclusive();
+            let stalled = !exclusive && state.counts.depth() > 0 && silent >= limit;
+            if stalled && !state.load.is_dead() && !running_slow(&state) {
                 crate::trace::pool_warn!(
                     "a shared connection owed answers and received nothing for stall_timeout: \
                      killed, its queries fail with ConnectionLost"
@@ -121,9 +121,8 @@ impl Router {
         let idle_limit = self.config.idle_timeout.map(|idle| ticks(idle, tick));
         let now = self.wire.ticks();
         let idle_too_long = |conn: &PgConn| {
-            idle_limit.is_some_and(|limit| {
-                now.saturating_sub(conn.state.returned_tick.load(Ordering::Relaxed)) >= limit
-            })
+            idle_limit
+                .is_some_and(|limit| now.saturating_sub(conn.state.life.returned_tick()) >= limit)
         };
         // Idle ones past `idle_timeout` close only down to `min_idle`;
         // expired ones close anyway (the top-up opens fresh ones).

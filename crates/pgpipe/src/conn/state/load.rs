@@ -1,0 +1,157 @@
+//! [`LoadWord`]: a connection's in-flight count and flags in one word.
+//!
+//! Written by admission (`admit`, `add`, `release`), by whoever lends or
+//! takes back a shared connection (`share`, `unshare`), by whoever closes
+//! it (`close`, and [`ConnState::quarantine`](super::ConnState::quarantine))
+//! and by its I/O task when that ends (`mark_dead`). Everyone reads it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A connection's in-flight count and flags in one word, so that "admit a
+/// query if the connection is open and below its depth limit" is a single
+/// compare-and-swap. The bit layout is private to this type.
+#[derive(Debug, Default)]
+pub(crate) struct LoadWord(AtomicU64);
+
+/// The low 32 bits count queries admitted on a shared connection and not
+/// yet finished.
+const IN_FLIGHT: u64 = 0xffff_ffff;
+/// The connection is used by the shared (pipelined) path.
+const SHARED: u64 = 1 << 61;
+/// The connection takes no new work (retiring, quarantined or dead).
+const CLOSED: u64 = 1 << 62;
+/// The connection's I/O task has ended.
+const DEAD: u64 = 1 << 63;
+
+/// One reading of a [`LoadWord`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Load(u64);
+
+impl Load {
+    /// Queries admitted and not finished.
+    pub(crate) fn in_flight(self) -> u64 {
+        self.0 & IN_FLIGHT
+    }
+
+    /// Takes no new work.
+    pub(crate) fn is_closed(self) -> bool {
+        self.0 & CLOSED != 0
+    }
+
+    /// Its I/O task has ended.
+    pub(crate) fn is_dead(self) -> bool {
+        self.0 & DEAD != 0
+    }
+
+    /// Lent to the shared path.
+    pub(crate) fn is_shared(self) -> bool {
+        self.0 & SHARED != 0
+    }
+}
+
+impl LoadWord {
+    /// The word now.
+    #[inline]
+    pub(crate) fn get(&self) -> Load {
+        Load(self.0.load(Ordering::Acquire))
+    }
+
+    /// Queries admitted and not finished.
+    #[inline]
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.get().in_flight()
+    }
+
+    /// Whether the connection's I/O task has ended.
+    #[inline]
+    pub(crate) fn is_dead(&self) -> bool {
+        self.get().is_dead()
+    }
+
+    /// Whether the connection is lent to the shared path.
+    #[inline]
+    pub(crate) fn is_shared(&self) -> bool {
+        self.get().is_shared()
+    }
+
+    /// Claims a place for one more query, returning how many were in flight
+    /// before, or `None` if the connection is closed to new work or has
+    /// `max_depth` in flight.
+    pub(crate) fn admit(&self, max_depth: u64) -> Option<u64> {
+        let mut current = self.0.load(Ordering::Acquire);
+        loop {
+            if current & (CLOSED | DEAD) != 0 || current & IN_FLIGHT >= max_depth {
+                return None;
+            }
+            match self.0.compare_exchange_weak(
+                current,
+                current + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(current & IN_FLIGHT),
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// Claims `n` more places, past the depth limit if need be (the items
+    /// of one batch).
+    pub(crate) fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// Frees one place; returns how many were in flight before.
+    pub(crate) fn release(&self) -> u64 {
+        self.0.fetch_sub(1, Ordering::AcqRel) & IN_FLIGHT
+    }
+
+    /// Takes no new work from now on.
+    pub(crate) fn close(&self) {
+        self.0.fetch_or(CLOSED, Ordering::AcqRel);
+    }
+
+    /// The I/O task ended: closed, and dead.
+    pub(crate) fn mark_dead(&self) {
+        self.0.fetch_or(DEAD | CLOSED, Ordering::AcqRel);
+    }
+
+    /// Lent to the shared path. A flag, OR-ed in: a connection that died
+    /// meanwhile stays dead.
+    pub(crate) fn share(&self) {
+        self.0.fetch_or(SHARED, Ordering::AcqRel);
+    }
+
+    /// Back from the shared path: no longer shared, open to whoever takes it
+    /// next, nothing in flight. A dead connection stays dead.
+    pub(crate) fn unshare(&self) {
+        self.0.fetch_and(DEAD, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admission_stops_at_the_depth_limit_and_at_close() {
+        let word = LoadWord::default();
+        assert_eq!(word.admit(2), Some(0));
+        assert_eq!(word.admit(2), Some(1));
+        assert_eq!(word.admit(2), None, "full");
+        assert_eq!(word.release(), 2);
+        word.close();
+        assert_eq!(word.admit(2), None, "closed");
+        assert_eq!(word.in_flight(), 1);
+    }
+
+    #[test]
+    fn sharing_keeps_a_dead_connection_dead() {
+        let word = LoadWord::default();
+        word.mark_dead();
+        word.share();
+        word.unshare();
+        assert!(word.get().is_dead() && !word.get().is_shared());
+        assert_eq!(word.admit(8), None);
+    }
+}

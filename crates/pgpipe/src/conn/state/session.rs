@@ -1,0 +1,84 @@
+//! [`Session`]: what the connection's server session may carry.
+//!
+//! The transaction status is written by the tap, at every `ReadyForQuery`.
+//! "Reset before the next user" is set by whoever lends the connection out
+//! to someone who may change the session (an exclusive checkout, the shared
+//! path when it takes it back) and by a quarantine, and cleared by the reset
+//! itself. The quarantine reason is set once, by
+//! [`ConnState::quarantine`](super::ConnState::quarantine), and cleared by
+//! the reset. Read by recycling (roll back? reset?), the query runner (is a
+//! transaction open? quarantined before this query went out?) and the router.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use crate::metrics::QuarantineReason;
+
+/// Transaction status, "needs a reset" and the quarantine.
+#[derive(Debug, Default)]
+pub(crate) struct Session {
+    /// Transaction status from the last ReadyForQuery.
+    tx_status: AtomicU8,
+    /// The session may carry state from an exclusive user or a quarantine;
+    /// reset it before the connection is shared again.
+    needs_reset: AtomicBool,
+    /// Why the connection was quarantined ([`QuarantineReason`] + 1), if it
+    /// was.
+    quarantined: AtomicU8,
+}
+
+impl Session {
+    /// The transaction status byte of the last ReadyForQuery (`I` idle, `T`
+    /// in a transaction, `E` failed; 0 before the first).
+    #[inline]
+    pub(crate) fn tx_status(&self) -> u8 {
+        self.tx_status.load(Ordering::Acquire)
+    }
+
+    /// A ReadyForQuery showed `status`.
+    #[inline]
+    pub(in crate::conn) fn set_tx_status(&self, status: u8) {
+        self.tx_status.store(status, Ordering::Release);
+    }
+
+    /// Whether the session must be reset before its next user.
+    #[inline]
+    pub(crate) fn needs_reset(&self) -> bool {
+        self.needs_reset.load(Ordering::Acquire)
+    }
+
+    /// The session may carry state of its user's: reset it before the next.
+    #[inline]
+    pub(crate) fn mark_needs_reset(&self) {
+        self.needs_reset.store(true, Ordering::Release);
+    }
+
+    /// Notes a quarantine for `reason`; returns whether it is the first.
+    #[inline]
+    pub(super) fn quarantined(&self, reason: QuarantineReason) -> bool {
+        self.quarantined
+            .compare_exchange(0, reason as u8 + 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Whether it was quarantined: a query not yet sent must not go out on it.
+    #[inline]
+    pub(crate) fn is_quarantined(&self) -> bool {
+        self.quarantined.load(Ordering::Acquire) != 0
+    }
+
+    /// Why it was quarantined, if it was.
+    #[cfg(test)]
+    pub(crate) fn quarantine_reason(&self) -> Option<QuarantineReason> {
+        match self.quarantined.load(Ordering::Acquire) {
+            0 => None,
+            n => QuarantineReason::ALL.get(usize::from(n) - 1).copied(),
+        }
+    }
+
+    /// The session was reset: clean again.
+    #[inline]
+    pub(in crate::conn) fn cleaned(&self) {
+        self.needs_reset.store(false, Ordering::Release);
+        self.quarantined.store(0, Ordering::Release);
+    }
+}

@@ -1,0 +1,177 @@
+//! The answers' side of the rewriter: matching what the server sends to
+//! the requests written, and inserting the `ReadyForQuery` (or skip error)
+//! each grouped request expects.
+
+use super::{Coalescer, Confused, SHRINK_ABOVE, SKIP_FILE, SKIP_ROUTINE, SKIPPED, pop};
+use crate::protocol::framer::Phase;
+
+impl Coalescer {
+    /// Whether what the server sends next needs no rewriting: no request
+    /// lost its `Sync`, the server skips nothing, and nothing is held back.
+    /// Its bytes may then go to the client as they are (see
+    /// [`pass`](Coalescer::pass)), with no copy.
+    pub(crate) fn passes_through(&self) -> bool {
+        !self.armed || (!self.skipping && self.carry.is_empty() && self.grouped == 0)
+    }
+
+    /// Follows server bytes that go to the client unchanged (only when
+    /// [`passes_through`](Coalescer::passes_through)): the requests they
+    /// answer are done.
+    pub(crate) fn pass(&mut self, bytes: &[u8]) -> Result<(), Confused> {
+        if !self.armed {
+            return Ok(());
+        }
+        self.emitted += bytes.len() as u64;
+        let mut input = bytes;
+        let mut result = Ok(());
+        while let Some(message) = self.inbound.next(&mut input) {
+            match message.kind {
+                b'N' | b'A' | b'S' => {}
+                _ if self.requests.is_empty() => {
+                    result = Err(Confused("an answer to no request"));
+                    break;
+                }
+                // COPY FROM STDIN: see `inbound`.
+                b'Z' | b'G' => {
+                    pop(&mut self.requests, &mut self.grouped);
+                }
+                _ => {}
+            }
+        }
+        // Past a confusion: walked, not read.
+        while self.inbound.next(&mut input).is_some() {}
+        result
+    }
+
+    /// Copies what the server sent into `out`, with a `ReadyForQuery` at
+    /// the end of each answer whose `Sync` was dropped, and an error for
+    /// each query the server skipped. Only whole messages go out: the rest
+    /// waits for its end, so that anything inserted lands between
+    /// messages, never inside one.
+    pub(crate) fn inbound(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Confused> {
+        if !self.armed {
+            out.extend_from_slice(bytes);
+            return Ok(());
+        }
+        // `carry` holds the stream from offset `emitted` on.
+        self.carry.extend_from_slice(bytes);
+        let emitted = self.emitted;
+        let mut input = bytes;
+        let mut copied = 0;
+        // The end of the last whole message.
+        let mut last_end = None;
+        let mut result: Result<(), (Confused, usize)> = Ok(());
+        while let Some(message) = self.inbound.next(&mut input) {
+            last_end = Some(message.end);
+            // A message may have begun in bytes that went out unchanged
+            // (see `pass`): nothing is ever inserted before such a one.
+            let (start, end) = (
+                message.start.saturating_sub(emitted) as usize,
+                (message.end - emitted) as usize,
+            );
+            // Notices, notifications and reported settings come at any time.
+            if matches!(message.kind, b'N' | b'A' | b'S') {
+                continue;
+            }
+            let Some(&shared) = self.requests.front() else {
+                result = Err((Confused("an answer to no request"), start));
+                break;
+            };
+            if self.skipping {
+                if message.kind != b'Z' {
+                    result = Err((Confused("an answer where the server skips"), start));
+                    break;
+                }
+                // The group's Sync: every query up to it was skipped, and
+                // this ReadyForQuery answers the last of them.
+                out.extend_from_slice(&self.carry[copied..start]);
+                copied = start;
+                while let Some(shared) = pop(&mut self.requests, &mut self.grouped) {
+                    skipped_error(out);
+                    if !shared {
+                        break;
+                    }
+                    ready(out);
+                }
+                self.skipping = false;
+                continue;
+            }
+            match (shared, message.kind) {
+                (true, b'2' | b'D') => {}
+                (true, b'C' | b'I' | b'E') => {
+                    out.extend_from_slice(&self.carry[copied..end]);
+                    copied = end;
+                    ready(out);
+                    pop(&mut self.requests, &mut self.grouped);
+                    self.skipping = message.kind == b'E';
+                }
+                (true, _) => {
+                    result = Err((Confused("an unexpected message in a read group"), start));
+                    break;
+                }
+                (false, b'Z') => {
+                    pop(&mut self.requests, &mut self.grouped);
+                }
+                // COPY FROM STDIN (exclusive use only): the Sync behind its
+                // Execute is ignored in copy-in mode; the one after CopyDone
+                // is answered.
+                (false, b'G') => {
+                    pop(&mut self.requests, &mut self.grouped);
+                }
+                (false, _) => {}
+            }
+        }
+        // Past a confusion: walked, not read.
+        while self.inbound.next(&mut input).is_some() {}
+        // A length the protocol does not allow: the framer stopped, and
+        // what follows would wait for an end forever.
+        if result.is_ok() && self.inbound.phase == Phase::Opaque {
+            let at = last_end.map_or(0, |end| (end - emitted) as usize);
+            result = Err((Confused("a malformed message"), at));
+        }
+        // Up to the end of the last whole message, or on confusion up to
+        // the message that confused it: what was answered before it is
+        // delivered, nothing from it on.
+        let whole = match &result {
+            Err((_, at)) => *at,
+            Ok(()) => last_end.map_or(0, |end| (end - emitted) as usize),
+        }
+        .max(copied);
+        out.extend_from_slice(&self.carry[copied..whole]);
+        self.carry.drain(..whole);
+        if self.carry.capacity() > SHRINK_ABOVE && self.carry.len() < SHRINK_ABOVE / 4 {
+            self.carry.shrink_to(SHRINK_ABOVE / 4);
+        }
+        self.emitted += whole as u64;
+        result.map_err(|(confused, _)| confused)
+    }
+}
+
+/// `ReadyForQuery`, idle.
+fn ready(out: &mut Vec<u8>) {
+    out.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
+}
+
+/// The `ErrorResponse` of a query the server skipped.
+fn skipped_error(out: &mut Vec<u8>) {
+    let mut body = Vec::with_capacity(160);
+    for (field, value) in [
+        (b'S', "ERROR"),
+        (b'V', "ERROR"),
+        (b'C', SKIPPED),
+        (
+            b'M',
+            "not run: an earlier query in its read group failed (pgpipe runs it again)",
+        ),
+        (b'F', SKIP_FILE),
+        (b'R', SKIP_ROUTINE),
+    ] {
+        body.push(field);
+        body.extend_from_slice(value.as_bytes());
+        body.push(0);
+    }
+    body.push(0);
+    out.push(b'E');
+    out.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+    out.extend_from_slice(&body);
+}

@@ -1,0 +1,290 @@
+//! Read groups: one `Sync` for the reads that go out in one write on a read
+//! lane's shared connection.
+//!
+//! tokio-postgres ends every query with its own `Sync`, and the server ends
+//! a transaction, sends `ReadyForQuery` and flushes at each one. On a read
+//! lane (sessions opened `default_transaction_read_only=on`) the queries of
+//! one socket write may share one: this rewriter drops the inner `Sync`s of
+//! a write and, reading the answers, gives tokio-postgres the
+//! `ReadyForQuery` each of its requests expects.
+//!
+//! Why it cannot misroute an answer:
+//!
+//! - It never changes, drops or reorders a message from the server; it only
+//!   inserts `ReadyForQuery` (and, for skipped queries, an `ErrorResponse`)
+//!   *between* them, at the end of a request's answer.
+//! - A `Sync` is dropped only behind a request that is exactly
+//!   `Bind`+`Execute` (one statement, no row limit: its answer ends with
+//!   `CommandComplete`, `EmptyQueryResponse` or `ErrorResponse`, and nothing
+//!   else), and only when another `Bind` follows in the same write. Every
+//!   other request keeps its `Sync` and is passed through untouched.
+//! - Answers are matched to requests in the order the requests were
+//!   written, as the server answers them. Anything but the expected
+//!   messages (a `ReadyForQuery` where the server owes none, a message while
+//!   it skips) is a [`Confused`] error: the connection is closed and every
+//!   query on it fails with `ConnectionLost`. It never guesses.
+//! - After an error inside a group the server skips every message up to the
+//!   group's `Sync`: those queries never ran. Each gets an `ErrorResponse`
+//!   with SQLSTATE `PP001` (`error::SKIPPED`), which the pool turns into "never sent" and
+//!   runs again; their caller never sees it. What ran before the error was
+//!   read-only, so the implicit transaction that the error rolls back held
+//!   no write to lose.
+//!
+//! Both directions are framed by [`Framer`] (keeping what
+//! [`Keep::Rewriter`] says: the start of `Bind`, `Execute` and `Close`,
+//! whole `Parse` bodies), with each message's place in the stream. The
+//! writes are rewritten here; the answers in [`answers`].
+
+mod answers;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::catalog::Catalog;
+use super::framer::{Framer, Keep, Phase};
+use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
+
+/// Most queries under one Sync: one failure skips the rest of its group,
+/// and skipped queries run again, so a group stays small enough that a
+/// failure costs little.
+const MAX_GROUP: u64 = 32;
+
+/// What the request being written holds so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Building {
+    /// Nothing yet.
+    #[default]
+    Empty,
+    /// One `Bind` of the unnamed portal to a groupable statement.
+    Bound,
+    /// … then one `Execute` of the unnamed portal with no row limit: the
+    /// only shape whose `Sync` may be dropped.
+    Plain,
+    /// Anything else.
+    Other,
+}
+
+/// The NUL-terminated string at the start of `bytes`, and the rest.
+fn cstring(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let nul = bytes.iter().position(|&b| b == 0)?;
+    Some((&bytes[..nul], &bytes[nul + 1..]))
+}
+
+/// The server sent what the requests written cannot explain.
+#[derive(Debug)]
+pub(crate) struct Confused(pub(crate) &'static str);
+
+impl std::fmt::Display for Confused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "read group out of step ({}); closing the connection",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for Confused {}
+
+/// The rewriter of one connection; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Coalescer {
+    /// From the first `ReadyForQuery` (start-up done, nothing in flight).
+    armed: bool,
+    outbound: Framer,
+    inbound: Framer,
+    /// What the request being written holds so far.
+    building: Building,
+    /// Requests written and not yet answered: whether each lost its `Sync`.
+    requests: VecDeque<bool>,
+    /// How many of them lost it.
+    grouped: usize,
+    /// The server is skipping to the end of a failed group.
+    skipping: bool,
+    /// Requests in the group being written.
+    group: u64,
+    /// Named statements prepared on this connection whose SQL may share a
+    /// group ([`groupable`](super::sql_guard::groupable)), learned from
+    /// their `Parse` and forgotten at their `Close`.
+    groupable: rustc_hash::FxHashSet<Box<[u8]>>,
+    /// What the database's catalog says reaches user code, and its
+    /// generation: when it changes, what was learned from it is forgotten
+    /// (those statements keep a `Sync` of their own from then on).
+    catalog: (Arc<Catalog>, u64),
+    /// Server bytes not yet passed on (a message not yet whole), from
+    /// stream offset `emitted`.
+    carry: Vec<u8>,
+    emitted: u64,
+    /// `Sync`s dropped, and the sizes of groups written, since last taken.
+    pub(crate) saved: u64,
+    pub(crate) groups: Vec<u64>,
+}
+
+impl Default for Coalescer {
+    fn default() -> Coalescer {
+        // A `Parse` longer than the framer keeps whole keeps its own Sync.
+        let framer = || {
+            let mut framer = Framer::keeping(Phase::Typed, Keep::Rewriter);
+            framer.capture_sql(true);
+            framer
+        };
+        Coalescer {
+            armed: false,
+            outbound: framer(),
+            inbound: framer(),
+            building: Building::default(),
+            requests: VecDeque::new(),
+            grouped: 0,
+            skipping: false,
+            group: 0,
+            groupable: rustc_hash::FxHashSet::default(),
+            catalog: Default::default(),
+            carry: Vec::new(),
+            emitted: 0,
+            saved: 0,
+            groups: Vec::new(),
+        }
+    }
+}
+
+/// Notes a request written: whether it lost its `Sync`.
+fn push(requests: &mut VecDeque<bool>, grouped: &mut usize, shared: bool) {
+    *grouped += usize::from(shared);
+    requests.push_back(shared);
+}
+
+/// Notes the oldest request answered; returns whether it lost its `Sync`.
+fn pop(requests: &mut VecDeque<bool>, grouped: &mut usize) -> Option<bool> {
+    let shared = requests.pop_front()?;
+    *grouped -= usize::from(shared);
+    Some(shared)
+}
+
+impl Coalescer {
+    /// Starts rewriting: call at the first `ReadyForQuery`, with nothing
+    /// written since.
+    pub(crate) fn arm(&mut self) {
+        self.armed = true;
+    }
+
+    pub(crate) fn is_armed(&self) -> bool {
+        self.armed
+    }
+
+    /// The catalog's `generation`, and a way to read it if that is new:
+    /// statements learned groupable under an older one are forgotten.
+    pub(crate) fn use_catalog(&mut self, generation: u64, catalog: impl FnOnce() -> Arc<Catalog>) {
+        if self.catalog.1 != generation {
+            self.groupable.clear();
+            self.catalog = (catalog(), generation);
+        }
+    }
+
+    /// Copies one write into `out`, dropping the `Sync`s that may be
+    /// shared; `group` says whether this write may share them (a shared
+    /// connection of a read lane).
+    pub(crate) fn outbound(&mut self, buf: &[u8], group: bool, out: &mut Vec<u8>) {
+        if !self.armed {
+            out.extend_from_slice(buf);
+            return;
+        }
+        let base = self.outbound.offset();
+        let mut input = buf;
+        let mut copied = 0;
+        while let Some(message) = self.outbound.next(&mut input) {
+            self.building = match (self.building, message.kind) {
+                // Bind: portal "", then a statement the pool let into groups.
+                (Building::Empty, b'B') => match cstring(message.prefix) {
+                    Some((b"", rest)) => {
+                        let statement = rest.iter().position(|&b| b == 0).map(|n| &rest[..n]);
+                        if statement.is_some_and(|name| self.groupable.contains(name)) {
+                            Building::Bound
+                        } else {
+                            Building::Other
+                        }
+                    }
+                    _ => Building::Other,
+                },
+                // Execute: portal "", no row limit.
+                (Building::Bound, b'E') => match cstring(message.prefix) {
+                    Some((b"", [0, 0, 0, 0, ..])) => Building::Plain,
+                    _ => Building::Other,
+                },
+                (building, b'S') => {
+                    let end = (message.end - base) as usize;
+                    let shareable = group
+                        && building == Building::Plain
+                        && message.start >= base
+                        && buf.get(end) == Some(&b'B')
+                        && self.group + 1 < MAX_GROUP;
+                    if shareable {
+                        let start = (message.start - base) as usize;
+                        out.extend_from_slice(&buf[copied..start]);
+                        copied = end;
+                        self.saved += 1;
+                        self.group += 1;
+                    } else if self.group > 0 {
+                        self.groups.push(self.group + 1);
+                        self.group = 0;
+                    }
+                    push(&mut self.requests, &mut self.grouped, shareable);
+                    Building::Empty
+                }
+                // Answered by a ReadyForQuery of their own.
+                (_, b'Q' | b'F') => {
+                    push(&mut self.requests, &mut self.grouped, false);
+                    Building::Empty
+                }
+                // A statement being prepared: its SQL says whether its
+                // later Binds may join groups.
+                (_, b'P') => {
+                    if let Some(Ok(body)) = message.body {
+                        learn(&mut self.groupable, &self.catalog.0, body);
+                    }
+                    Building::Other
+                }
+                // A statement closed (evicted from the pool's cache).
+                (_, b'C') => {
+                    if let Some((b'S', rest)) = message.prefix.split_first() {
+                        if let Some((name, _)) = cstring(rest) {
+                            self.groupable.remove(name);
+                        }
+                    }
+                    Building::Other
+                }
+                _ => Building::Other,
+            };
+        }
+        out.extend_from_slice(&buf[copied..]);
+    }
+}
+
+/// Notes a named statement's SQL, from its `Parse` body.
+fn learn(groupable: &mut rustc_hash::FxHashSet<Box<[u8]>>, catalog: &Catalog, body: &[u8]) {
+    let Some((name, rest)) = cstring(body) else {
+        return;
+    };
+    let Some((sql, _)) = cstring(rest) else {
+        return;
+    };
+    let shares = !name.is_empty()
+        && std::str::from_utf8(sql).is_ok_and(|sql| super::sql_guard::groupable(sql, catalog));
+    if shares {
+        if groupable.len() >= MAX_NAMES {
+            groupable.clear();
+        }
+        groupable.insert(name.into());
+    } else {
+        groupable.remove(name);
+    }
+}
+
+/// Most statement names remembered as groupable (the pool's cache closes
+/// what it evicts, so this bound is only a backstop).
+const MAX_NAMES: usize = 4096;
+
+/// Buffers past this size are given back once they empty.
+pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;
+
+#[cfg(test)]
+mod tests;
