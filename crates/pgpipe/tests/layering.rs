@@ -133,16 +133,18 @@ fn layer_of(module: &str) -> usize {
         })
 }
 
+/// Each file with the top-level modules it imports.
+type PerFile = Vec<(PathBuf, BTreeSet<String>)>;
+/// Each top-level module with the ones it imports.
+type Edges = BTreeMap<String, BTreeSet<String>>;
+
 /// Every file's top-level imports, and the module graph they make.
-fn graph() -> (
-    Vec<(PathBuf, BTreeSet<String>)>,
-    BTreeMap<String, BTreeSet<String>>,
-) {
+fn graph() -> (PerFile, Edges) {
     let mut paths = Vec::new();
     files(&src(), &mut paths);
     paths.sort();
     let mut per_file = Vec::new();
-    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut edges = Edges::new();
     for path in paths {
         let from = module_of(&path);
         let found = imports(&code(&std::fs::read_to_string(&path).unwrap()));
