@@ -2,8 +2,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Layout. One pipelined `pool.query` goes pool → query → shared (router)
-// → conn (run on one connection) → protocol (the tap on its socket) and
-// back; `docs/ARCHITECTURE.md` walks it file by file.
+// → conn (run on one connection, the tap on its socket) → protocol (the
+// framer, the session watch) and back; `docs/ARCHITECTURE.md` walks it file by file.
 //
 // pool         `Pool`, the public API: every method a short delegate.
 // query        one query end to end: guard, route or check out, window,
@@ -14,10 +14,12 @@
 //              admission, the wait queue, routing, opens, costs.
 // exclusive    `Pool::get`: `Exclusive` owns permits, claims, deadlocks;
 //              `Connection` and `Transaction`.
-// conn         one connection, knowing nothing above it: `PgConn`, the
-//              load word, deadpool manager, step-aside, run one query,
-//              statement cache, connect, TLS.
-// protocol     bytes and SQL: framer, socket tap, RTT filter, SQL guard.
+// conn         one connection, knowing nothing above it: `PgConn`, its
+//              state in parts (load word, wire counts, session, lifecycle,
+//              traits), the socket tap, deadpool manager, step-aside, run
+//              one query, statement cache, connect, TLS.
+// protocol     bytes and SQL, importing only leaves: framer, session watch,
+//              read-group rewriter, RTT filter, SQL guard.
 // metrics      event handles, and the scrape-time collector.
 // housekeeping the 100 ms tick: clock, watchdog, lifetimes, idle.
 // trace        `tracing` spans and events (the `tracing` feature).
