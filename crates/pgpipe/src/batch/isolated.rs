@@ -214,7 +214,7 @@ impl Batch<'_> {
         let turns = &target.state.turns;
         if clean {
             // Before the first item and behind the last: see
-            // `send_then_clean` in conn/run.rs.
+            // `send_then_clean` in conn/run/cleanup.rs.
             let cleaned = run::both_in_order(sent, run::clean_session(target));
             turns
                 .send(run::both_in_order(run::forget_sequences(target), cleaned))

@@ -60,8 +60,11 @@ impl Manager {
     /// `after_connect`.
     pub(crate) async fn open(&self) -> Result<PgConn, Error> {
         let started = Instant::now();
-        let traits = Traits::new(self.after_connect.clone(), self.behind, self.read_groups);
-        let state = Arc::new(ConnState::new(self.wire.metrics.clone(), traits));
+        // No local for the traits: its drop flag would live in this future.
+        let state = Arc::new(ConnState::new(
+            self.wire.metrics.clone(),
+            Traits::new(self.after_connect.clone(), self.behind, self.read_groups),
+        ));
         let notifications = Arc::new(Notifications::default());
         let ((client, connection), peer) = connect::connect(
             &self.config,

@@ -15,10 +15,12 @@
 //! - [`manager`]: the deadpool manager: open, recycle, lifetime jitter.
 //! - [`step_aside`]: the I/O task's zero-length batch window.
 //! - [`run`]: one query on one connection: cached statement, checks, send,
-//!   collect, self-heal.
+//!   collect, self-heal, session cleanup, deadline and cancel.
 //! - [`params`]: parameter count and size checks before anything is sent.
 //! - [`describe`]: parameter types by SQL text, for unnamed statements.
-//! - [`statement_cache`], [`connect`], [`tls`].
+//! - [`connect`]: the socket, the start-up, the I/O driver, cancel requests.
+//! - [`turn`]: the order in which requests join the pipeline.
+//! - [`statement_cache`], [`notifications`], [`tls`].
 
 pub(crate) mod connect;
 pub(crate) mod describe;

@@ -21,7 +21,7 @@
 //! mentions any of them as code it cannot read: the session is cleaned
 //! right behind it, and it never shares a read group. The pool learns the
 //! catalog from the server ([`CATALOG_SQL`]) when a lane is first used and
-//! every [`REFRESH`](crate::lane::housekeeping) after; until it has, or when the
+//! every 10 s after (the lane's `catalog` module); until it has, or when the
 //! query fails (a role that cannot read the catalog), every statement
 //! except plain, call-free ones counts as unknown code.
 

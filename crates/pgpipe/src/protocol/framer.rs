@@ -1,15 +1,20 @@
 //! Message boundaries of the PostgreSQL wire protocol, one direction at a
 //! time: a type byte and a length, where each message starts and ends in
-//! the stream, and of the payload only what its user asks to keep
-//! ([`Keep`]: for the tap, a setting's name and the SQL of `Query` and
+//! the stream, and of the payload only what its user asks to keep (its
+//! [`Keep`]: for the tap, a setting's name and the SQL of `Query` and
 //! `Parse` while [`Framer::capture_sql`] is on; for the read-group
-//! rewriter, the start of `Bind`, `Execute` and `Close` and whole `Parse`
-//! bodies).
+//! rewriter, the start of `Bind`, `Execute` and `Close`, whole `Parse`
+//! bodies, and where each message sits in the stream).
 //!
 //! The one walker of the protocol: the tap's two directions and the
 //! rewriter's (`coalesce`) all frame with it. [`Framer::next`] hands out
 //! the whole messages a chunk of the stream completes, one at a time;
-//! [`Framer::feed`] calls back with each.
+//! [`Framer::feed`] calls back with each. What a framer keeps is a type
+//! (`Framer<Tap>`, `Framer<Writes>`, `Framer<Answers>`), so that each
+//! compiles to what its user needs and nothing more: the tap's runs on
+//! every byte of every connection.
+
+use std::marker::PhantomData;
 
 /// Where a direction of the stream is in the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,81 +30,112 @@ pub(crate) enum Phase {
     Opaque,
 }
 
-/// What a [`Framer`] keeps of the bodies of which messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Keep {
-    /// The tap's: the first [`TAP_PREFIX`] bytes of a `ParameterStatus`
-    /// (`S`, the setting's name) and of a simple `Query`; with
-    /// [`capture_sql`](Framer::capture_sql) on, `Query` and `Parse` bodies
-    /// whole.
-    Tap,
-    /// The read-group rewriter's: the first [`PREFIX`] bytes of `Bind`,
-    /// `Execute` and `Close` (portal, statement name, row limit); with
-    /// capture on, `Parse` bodies whole.
-    Rewriter,
-}
-
-impl Keep {
-    /// How many first body bytes of a message of type `kind` are kept.
-    #[inline]
-    fn prefix(self, kind: u8) -> usize {
-        match (self, kind) {
-            (Keep::Tap, b'S' | b'Q') => TAP_PREFIX,
-            (Keep::Rewriter, b'B' | b'E' | b'C') => PREFIX,
-            _ => 0,
-        }
-    }
-
+/// What a [`Framer`] keeps of which messages.
+pub(crate) trait Keep {
+    /// Where a message's first body bytes are kept: its length is how many.
+    type Prefix: AsRef<[u8]> + AsMut<[u8]> + Copy + std::fmt::Debug;
+    /// An empty [`Prefix`](Keep::Prefix).
+    const EMPTY: Self::Prefix;
+    /// Whether each message's place in the stream is counted
+    /// ([`Message::start`], [`Message::end`]).
+    const OFFSETS: bool;
+    /// Whether the first body bytes of a message of type `kind` are kept.
+    fn prefix(kind: u8) -> bool;
     /// Whether the body of a message of type `kind` is kept whole while
     /// capture is on.
+    fn whole(kind: u8) -> bool;
+}
+
+/// The tap's: the first 32 bytes of a `ParameterStatus` (`S`, the
+/// setting's name) and of a simple `Query`; with
+/// [`capture_sql`](Framer::capture_sql) on, `Query` and `Parse` bodies
+/// whole. No offsets.
+#[derive(Debug)]
+pub(crate) struct Tap;
+
+impl Keep for Tap {
+    type Prefix = [u8; 32];
+    const EMPTY: [u8; 32] = [0; 32];
+    const OFFSETS: bool = false;
     #[inline]
-    fn whole(self, kind: u8) -> bool {
-        match self {
-            Keep::Tap => matches!(kind, b'Q' | b'P'),
-            Keep::Rewriter => kind == b'P',
-        }
+    fn prefix(kind: u8) -> bool {
+        matches!(kind, b'S' | b'Q')
+    }
+    #[inline]
+    fn whole(kind: u8) -> bool {
+        matches!(kind, b'Q' | b'P')
     }
 }
 
-/// Walks message boundaries in one direction of the stream.
+/// The read-group rewriter's, for the writes: the first 64 bytes of
+/// `Bind`, `Execute` and `Close` (portal, statement name, row limit); with
+/// capture on, `Parse` bodies whole; offsets.
 #[derive(Debug)]
-pub(crate) struct Framer {
+pub(crate) struct Writes;
+
+impl Keep for Writes {
+    type Prefix = [u8; 64];
+    const EMPTY: [u8; 64] = [0; 64];
+    const OFFSETS: bool = true;
+    #[inline]
+    fn prefix(kind: u8) -> bool {
+        matches!(kind, b'B' | b'E' | b'C')
+    }
+    #[inline]
+    fn whole(kind: u8) -> bool {
+        kind == b'P'
+    }
+}
+
+/// The read-group rewriter's, for the answers: types and offsets only.
+#[derive(Debug)]
+pub(crate) struct Answers;
+
+impl Keep for Answers {
+    type Prefix = [u8; 0];
+    const EMPTY: [u8; 0] = [];
+    const OFFSETS: bool = true;
+    #[inline]
+    fn prefix(_: u8) -> bool {
+        false
+    }
+    #[inline]
+    fn whole(_: u8) -> bool {
+        false
+    }
+}
+
+/// Walks message boundaries in one direction of the stream, keeping what
+/// `K` says.
+#[derive(Debug)]
+pub(crate) struct Framer<K: Keep = Tap> {
     pub(crate) phase: Phase,
-    keep: Keep,
     header: [u8; 8],
-    header_len: usize,
-    /// Body bytes of the current message still to come.
-    body_left: usize,
+    header_len: u8,
     kind: u8,
     /// The first body byte of the current message (ReadyForQuery's status).
     first: Option<u8>,
-    /// The start of the current message's body, as [`Keep`] says.
-    prefix: [u8; PREFIX],
-    prefix_len: usize,
-    /// How much of the current message's body goes into `prefix`.
-    prefix_max: usize,
-    /// Whether the bodies [`Keep`] names are kept whole.
+    /// How much of `prefix` the current message filled.
+    prefix_len: u8,
+    /// Whether the bodies `K` names are kept whole.
     capture: bool,
+    /// Whether the current message's body was longer than [`CAPTURED`].
+    overflowed: bool,
+    /// Body bytes of the current message still to come.
+    body_left: usize,
+    /// The start of the current message's body, if `K` keeps it.
+    prefix: K::Prefix,
     /// The kept body of the current message, up to [`CAPTURED`] bytes.
     captured: Vec<u8>,
-    /// Whether the current message's body was longer than that.
-    overflowed: bool,
-    /// Bytes of the stream walked so far, while it could be parsed.
+    /// With `K::OFFSETS`: bytes of the stream walked so far (while it
+    /// could be parsed), and where the current message starts.
     offset: u64,
-    /// Where the current message starts in the stream.
     start: u64,
+    keep: PhantomData<K>,
 }
 
 /// The longest body kept whole; a longer one is reported as cut short.
 pub(crate) const CAPTURED: usize = 64 * 1024;
-
-/// Most body bytes kept as a prefix: the rewriter's `Bind` and `Execute`
-/// starts.
-const PREFIX: usize = 64;
-
-/// How much of a ParameterStatus body the tap keeps: enough for the names
-/// of the settings the server reports.
-const TAP_PREFIX: usize = 32;
 
 /// One complete message seen by a [`Framer`].
 #[derive(Debug, Clone, Copy)]
@@ -114,7 +150,7 @@ pub(crate) struct Message<'a> {
     /// bytes (`Err`).
     pub(crate) body: Option<Result<&'a [u8], &'a [u8]>>,
     /// Where it starts and ends in the stream (bytes since the framer was
-    /// made).
+    /// made), if its framer's [`Keep`] counts them; else 0.
     pub(crate) start: u64,
     pub(crate) end: u64,
 }
@@ -135,34 +171,35 @@ impl Message<'_> {
 pub(crate) const SSL_REQUEST: u32 = 80_877_103;
 const GSSENC_REQUEST: u32 = 80_877_104;
 
-impl Framer {
+impl Framer<Tap> {
     /// The tap's framer for one direction, starting at `phase`.
-    pub(crate) fn new(phase: Phase) -> Framer {
-        Framer::keeping(phase, Keep::Tap)
+    pub(crate) fn new(phase: Phase) -> Framer<Tap> {
+        Framer::keeping(phase)
     }
+}
 
-    /// A framer that keeps what `keep` says.
-    pub(crate) fn keeping(phase: Phase, keep: Keep) -> Framer {
+impl<K: Keep> Framer<K> {
+    /// A framer that keeps what `K` says, starting at `phase`.
+    pub(crate) fn keeping(phase: Phase) -> Framer<K> {
         Framer {
             phase,
-            keep,
             header: [0; 8],
             header_len: 0,
-            body_left: 0,
             kind: 0,
             first: None,
-            prefix: [0; PREFIX],
             prefix_len: 0,
-            prefix_max: 0,
             capture: false,
-            captured: Vec::new(),
             overflowed: false,
+            body_left: 0,
+            prefix: K::EMPTY,
+            captured: Vec::new(),
             offset: 0,
             start: 0,
+            keep: PhantomData,
         }
     }
 
-    /// Keeps the bodies [`Keep`] names that start from now on whole, for
+    /// Keeps the bodies `K` names that start from now on whole, for
     /// [`Message::body`], or stops.
     pub(crate) fn capture_sql(&mut self, on: bool) {
         if self.capture && !on {
@@ -171,8 +208,9 @@ impl Framer {
         self.capture = on;
     }
 
+    #[inline]
     fn capturing(&self) -> bool {
-        self.capture && self.keep.whole(self.kind)
+        self.capture && K::whole(self.kind)
     }
 
     /// Whether it stands between two messages (not inside one).
@@ -180,11 +218,13 @@ impl Framer {
         self.header_len == 0 && self.body_left == 0
     }
 
-    /// Bytes of the stream walked so far: where the next byte fed sits.
+    /// With `K::OFFSETS`, bytes of the stream walked so far: where the next
+    /// byte fed sits.
     pub(crate) fn offset(&self) -> u64 {
         self.offset
     }
 
+    #[inline]
     fn header_size(&self) -> usize {
         if self.phase == Phase::Startup { 8 } else { 5 }
     }
@@ -201,7 +241,9 @@ impl Framer {
     /// Walks `bytes` up to the end of the next message they complete and
     /// returns it, leaving the rest in `bytes`; `None` once `bytes` is used
     /// up, or the stream can no longer be parsed (what was read of a
-    /// message waits for the next call).
+    /// message waits for the next call). Always inlined: `feed` is then the
+    /// loop it was before `next` existed, with the callback inside it.
+    #[inline(always)]
     pub(crate) fn next(&mut self, bytes: &mut &[u8]) -> Option<Message<'_>> {
         while !bytes.is_empty() && !matches!(self.phase, Phase::Opaque | Phase::Negotiating) {
             if self.body_left > 0 {
@@ -209,11 +251,12 @@ impl Framer {
                 if self.first.is_none() {
                     self.first = Some(bytes[0]);
                 }
-                if self.prefix_len < self.prefix_max {
-                    let keep = take.min(self.prefix_max - self.prefix_len);
-                    self.prefix[self.prefix_len..self.prefix_len + keep]
-                        .copy_from_slice(&bytes[..keep]);
-                    self.prefix_len += keep;
+                let room = self.prefix.as_ref().len() - usize::from(self.prefix_len);
+                if room > 0 && K::prefix(self.kind) {
+                    let keep = take.min(room);
+                    let from = usize::from(self.prefix_len);
+                    self.prefix.as_mut()[from..from + keep].copy_from_slice(&bytes[..keep]);
+                    self.prefix_len += keep as u8;
                 }
                 if self.capturing() {
                     let room = CAPTURED.saturating_sub(self.captured.len());
@@ -221,23 +264,27 @@ impl Framer {
                     self.overflowed |= take > room;
                 }
                 self.body_left -= take;
-                self.offset += take as u64;
+                if K::OFFSETS {
+                    self.offset += take as u64;
+                }
                 *bytes = &bytes[take..];
                 if self.body_left == 0 {
                     return Some(self.finish());
                 }
                 continue;
             }
-            if self.header_len == 0 {
+            let (have, size) = (usize::from(self.header_len), self.header_size());
+            if K::OFFSETS && have == 0 {
                 self.start = self.offset;
             }
-            let need = self.header_size() - self.header_len;
-            let take = need.min(bytes.len());
-            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
-            self.header_len += take;
-            self.offset += take as u64;
+            let take = (size - have).min(bytes.len());
+            self.header[have..have + take].copy_from_slice(&bytes[..take]);
+            self.header_len += take as u8;
+            if K::OFFSETS {
+                self.offset += take as u64;
+            }
             *bytes = &bytes[take..];
-            if self.header_len == self.header_size() && self.start_body() {
+            if have + take == size && self.start_body() {
                 return Some(self.finish());
             }
         }
@@ -273,7 +320,6 @@ impl Framer {
             self.phase = Phase::Typed;
         }
         self.kind = kind;
-        self.prefix_max = self.keep.prefix(kind);
         self.body_left = len as usize - counted;
         self.body_left == 0
     }
@@ -289,7 +335,7 @@ impl Framer {
         Message {
             kind: self.kind,
             first: self.first.take(),
-            prefix: &self.prefix[..self.prefix_len],
+            prefix: &self.prefix.as_ref()[..usize::from(self.prefix_len)],
             body,
             start: self.start,
             end: self.offset,
@@ -444,7 +490,7 @@ mod tests {
         let bind = message(b'B', b"\0s1\0\0\0\0\0\0\0");
         let parse = message(b'P', b"s2\0SELECT 1\0\0\0");
         let stream = [bind.clone(), parse.clone(), message(b'S', b"")].concat();
-        let mut framer = Framer::keeping(Phase::Typed, Keep::Rewriter);
+        let mut framer = Framer::<Writes>::keeping(Phase::Typed);
         framer.capture_sql(true);
         // Split anywhere: the same messages, at the same offsets.
         for split in 0..stream.len() {

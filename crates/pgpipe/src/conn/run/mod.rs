@@ -5,8 +5,8 @@
 //!   and the runs on a connection the caller has to itself;
 //! - [`lookup`]: how a query runs ([`Prepared`]): its cached named
 //!   statement, or its parameter types for an unnamed one;
-//! - [`send`](mod@send): sending a checked query and collecting its answer within the
-//!   result caps;
+//! - [`send`](mod@send): sending a checked query and collecting its
+//!   answer within the result caps;
 //! - [`cleanup`]: the session cleanup that follows code the guard cannot
 //!   read;
 //! - [`deadline`]: `query_timeout`, and what becomes of a late query

@@ -18,7 +18,7 @@
 //!
 //! What an answer means for the session (a transaction left open, a
 //! setting changed, a standby promoted) is
-//! [`SessionWatch`](crate::protocol::watch::SessionWatch)'s to decide, a
+//! [`SessionWatch`]'s to decide, a
 //! pure function of the messages the tap hands it; the tap applies its
 //! verdicts at once, from inside the read: a shared connection is
 //! quarantined and takes no new query. The tap writes the connection's

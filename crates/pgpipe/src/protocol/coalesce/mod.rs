@@ -30,10 +30,11 @@
 //!   read-only, so the implicit transaction that the error rolls back held
 //!   no write to lose.
 //!
-//! Both directions are framed by [`Framer`] (keeping what
-//! [`Keep::Rewriter`] says: the start of `Bind`, `Execute` and `Close`,
-//! whole `Parse` bodies), with each message's place in the stream. The
-//! writes are rewritten here; the answers in [`answers`].
+//! Both directions are framed by [`Framer`], with each message's place in
+//! the stream: the writes keeping what [`Writes`] says (the start of
+//! `Bind`, `Execute` and `Close`, whole `Parse` bodies), the answers only
+//! their types ([`Answers`]). The writes are rewritten here; the answers
+//! in [`answers`].
 
 mod answers;
 
@@ -41,7 +42,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::catalog::Catalog;
-use super::framer::{Framer, Keep, Phase};
+use super::framer::{Answers, Framer, Phase, Writes};
 use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
 
 /// Most queries under one Sync: one failure skips the rest of its group,
@@ -91,8 +92,8 @@ impl std::error::Error for Confused {}
 pub(crate) struct Coalescer {
     /// From the first `ReadyForQuery` (start-up done, nothing in flight).
     armed: bool,
-    outbound: Framer,
-    inbound: Framer,
+    outbound: Framer<Writes>,
+    inbound: Framer<Answers>,
     /// What the request being written holds so far.
     building: Building,
     /// Requests written and not yet answered: whether each lost its `Sync`.
@@ -123,15 +124,12 @@ pub(crate) struct Coalescer {
 impl Default for Coalescer {
     fn default() -> Coalescer {
         // A `Parse` longer than the framer keeps whole keeps its own Sync.
-        let framer = || {
-            let mut framer = Framer::keeping(Phase::Typed, Keep::Rewriter);
-            framer.capture_sql(true);
-            framer
-        };
+        let mut outbound = Framer::keeping(Phase::Typed);
+        outbound.capture_sql(true);
         Coalescer {
             armed: false,
-            outbound: framer(),
-            inbound: framer(),
+            outbound,
+            inbound: Framer::keeping(Phase::Typed),
             building: Building::default(),
             requests: VecDeque::new(),
             grouped: 0,

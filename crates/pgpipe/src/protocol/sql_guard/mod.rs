@@ -36,7 +36,7 @@
 //! session right behind them. The wire backs both: a shared connection whose
 //! `ReadyForQuery` reports a transaction, or that receives a
 //! `ParameterStatus` after start-up, is quarantined at once (see
-//! [`tap`](super::tap)).
+//! [`watch`](super::watch), applied by the connection's tap, `conn::tap`).
 
 mod contexts;
 mod fast_path;
