@@ -31,7 +31,7 @@ pub(crate) struct PoolWire {
     /// change, a connection lost.
     host: std::sync::OnceLock<Arc<HostSignal>>,
     /// Which names reach user code in the database, as last learned (see
-    /// [`catalog`](crate::lane::catalog)); the guard and the tap read it.
+    /// the lane's `catalog` module); the guard and the tap read it.
     catalog: ArcSwap<Catalog>,
     /// Bumped whenever the catalog learned differs from the one before.
     catalog_generation: AtomicU64,
