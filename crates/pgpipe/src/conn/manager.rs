@@ -1,5 +1,6 @@
 //! The deadpool manager: how connections are opened, checked and recycled.
 
+use crate::protocol::coalesce::Grouping;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ pub(crate) struct Manager {
     pub(crate) descriptions: Option<Arc<Descriptions>>,
     /// A read lane: shared connections group the reads of one write under
     /// one Sync.
-    pub(crate) read_groups: bool,
+    pub(crate) read_groups: Grouping,
 }
 
 tokio::task_local! {

@@ -5,6 +5,7 @@
 //! was promoted under a connection). Then the [`Election`] elects the
 //! primary and sets each standby's lag.
 
+use crate::protocol::coalesce::Grouping;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -91,7 +92,7 @@ pub(crate) fn start_monitor(hosts: &Arc<Hosts>) {
                 wire: Arc::new(wire),
                 after_connect: None,
                 descriptions: None,
-                read_groups: false,
+                read_groups: Grouping::Off,
                 ..lane.clone()
             }
         })

@@ -2,6 +2,7 @@
 //! between it and the server, whether it groups reads, its set-up SQL).
 //! Written once, by the manager that opens it; read by everyone.
 
+use crate::protocol::coalesce::Grouping;
 use std::sync::Arc;
 
 /// What stands between a connection and the server.
@@ -27,16 +28,16 @@ pub(crate) struct Traits {
     transaction_pooler: bool,
     /// Behind a pooler that cannot track a pipeline (see `one_at_a_time`).
     one_at_a_time: bool,
-    /// A read lane's connection: while shared, the reads of one write share
-    /// one Sync (see `protocol::coalesce`).
-    read_groups: bool,
+    /// Whether, while shared, the reads of one write share one Sync (see
+    /// `protocol::coalesce`), and how their group is kept read-only.
+    read_groups: Grouping,
 }
 
 impl Traits {
     pub(crate) fn new(
         after_connect: Option<Arc<str>>,
         pooler: Behind,
-        read_groups: bool,
+        read_groups: Grouping,
     ) -> Traits {
         Traits {
             after_connect,
@@ -76,10 +77,10 @@ impl Traits {
         self.after_connect.as_deref()
     }
 
-    /// Whether it is a read lane's connection, whose tap groups the reads
-    /// of one write while it is shared.
+    /// Whether its tap groups the reads of one write while it is shared
+    /// (a read lane's connection, or the primary's write lane's).
     #[inline]
-    pub(crate) fn read_groups(&self) -> bool {
+    pub(crate) fn read_groups(&self) -> Grouping {
         self.read_groups
     }
 }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::TappedStream;
-use crate::protocol::coalesce::{Coalescer, Confused, SHRINK_ABOVE};
+use crate::protocol::coalesce::{Coalescer, Confused, Grouping, SHRINK_ABOVE};
 use crate::protocol::framer::Phase;
 
 /// What a connection that groups reads keeps between polls.
@@ -28,6 +28,15 @@ pub(super) struct Groups {
     in_pos: usize,
     /// The rewriter lost step: returned once what came before is read.
     failed: Option<Confused>,
+}
+
+impl Groups {
+    pub(super) fn new(grouping: Grouping) -> Groups {
+        Groups {
+            rewriter: Coalescer::new(grouping),
+            ..Groups::default()
+        }
+    }
 }
 
 /// How much is read from the socket at once on a connection that groups

@@ -41,6 +41,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::PoolWire;
 use super::state::ConnState;
 use crate::metrics::CloseReason;
+use crate::protocol::coalesce::Grouping;
 use crate::protocol::framer::{Framer, Phase};
 use crate::protocol::gate::Gate;
 use crate::protocol::sql_guard;
@@ -83,7 +84,10 @@ impl<S> TappedStream<S> {
             outbound: Framer::new(Phase::Startup),
             inbound: Framer::new(Phase::Typed),
             probe: None,
-            groups: state.traits.read_groups().then(Box::default),
+            groups: match state.traits.read_groups() {
+                Grouping::Off => None,
+                grouping => Some(Box::new(Groups::new(grouping))),
+            },
             watch: Box::new(watch),
             gate: state.traits.one_at_a_time().then(Box::default),
             state,

@@ -2,7 +2,7 @@
 //! the requests written, and inserting the `ReadyForQuery` (or skip error)
 //! each grouped request expects.
 
-use super::{Coalescer, Confused, SHRINK_ABOVE, SKIP_FILE, SKIP_ROUTINE, SKIPPED, pop};
+use super::{Coalescer, Confused, Req, SHRINK_ABOVE, SKIP_FILE, SKIP_ROUTINE, SKIPPED, pop};
 use crate::protocol::framer::Phase;
 
 impl Coalescer {
@@ -73,7 +73,7 @@ impl Coalescer {
             if matches!(message.kind, b'N' | b'A' | b'S') {
                 continue;
             }
-            let Some(&shared) = self.requests.front() else {
+            let Some(&req) = self.requests.front() else {
                 result = Err((Confused("an answer to no request"), start));
                 break;
             };
@@ -86,39 +86,63 @@ impl Coalescer {
                 // this ReadyForQuery answers the last of them.
                 out.extend_from_slice(&self.carry[copied..start]);
                 copied = start;
-                while let Some(shared) = pop(&mut self.requests, &mut self.grouped) {
-                    skipped_error(out);
-                    if !shared {
-                        break;
+                while let Some(req) = pop(&mut self.requests, &mut self.grouped) {
+                    match req {
+                        Req::Head => {}
+                        Req::Grouped => {
+                            skipped_error(out);
+                            ready(out);
+                        }
+                        Req::Own => {
+                            skipped_error(out);
+                            break;
+                        }
                     }
-                    ready(out);
                 }
                 self.skipping = false;
                 continue;
             }
-            match (shared, message.kind) {
-                (true, b'2' | b'D') => {}
-                (true, b'C' | b'I' | b'E') => {
+            match (req, message.kind) {
+                // The head's own answer is the rewriter's: taken.
+                (Req::Head, b'1' | b'2' | b'D' | b'C' | b'E') => {
+                    out.extend_from_slice(&self.carry[copied..start]);
+                    copied = end;
+                    if matches!(message.kind, b'C' | b'E') {
+                        pop(&mut self.requests, &mut self.grouped);
+                    }
+                    if message.kind == b'E' {
+                        // The server skips the group, which never ran; and
+                        // this connection groups no more.
+                        self.skipping = true;
+                        self.head_refused = true;
+                    }
+                }
+                (Req::Head, _) => {
+                    result = Err((Confused("an unexpected answer to a group's head"), start));
+                    break;
+                }
+                (Req::Grouped, b'2' | b'D') => {}
+                (Req::Grouped, b'C' | b'I' | b'E') => {
                     out.extend_from_slice(&self.carry[copied..end]);
                     copied = end;
                     ready(out);
                     pop(&mut self.requests, &mut self.grouped);
                     self.skipping = message.kind == b'E';
                 }
-                (true, _) => {
+                (Req::Grouped, _) => {
                     result = Err((Confused("an unexpected message in a read group"), start));
                     break;
                 }
-                (false, b'Z') => {
+                (Req::Own, b'Z') => {
                     pop(&mut self.requests, &mut self.grouped);
                 }
                 // COPY FROM STDIN (exclusive use only): the Sync behind its
                 // Execute is ignored in copy-in mode; the one after CopyDone
                 // is answered.
-                (false, b'G') => {
+                (Req::Own, b'G') => {
                     pop(&mut self.requests, &mut self.grouped);
                 }
-                (false, _) => {}
+                (Req::Own, _) => {}
             }
         }
         // Past a confusion: walked, not read.

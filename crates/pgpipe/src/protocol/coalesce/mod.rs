@@ -37,6 +37,7 @@
 //! in [`answers`].
 
 mod answers;
+mod head;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -44,6 +45,7 @@ use std::sync::Arc;
 use super::catalog::Catalog;
 use super::framer::{Answers, Framer, Phase, Writes};
 use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
+use head::{head, plain_read};
 
 /// Most queries under one Sync: one failure skips the rest of its group,
 /// and skipped queries run again, so a group stays small enough that a
@@ -71,6 +73,32 @@ fn cstring(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     Some((&bytes[..nul], &bytes[nul + 1..]))
 }
 
+/// Whether a connection's reads share `Sync`s, and how their groups are
+/// kept read-only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Grouping {
+    /// Every request keeps its `Sync`.
+    #[default]
+    Off,
+    /// A read lane's: the session is read-only of itself.
+    ReadOnlySession,
+    /// The primary's write lane: each group starts with a read-only head,
+    /// and only plain reads join one.
+    ReadOnlyHead,
+}
+
+/// A request written and not yet answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Req {
+    /// Answered by a `ReadyForQuery` of its own.
+    Own,
+    /// Its `Sync` was dropped: it shares the next one.
+    Grouped,
+    /// The rewriter's own read-only head of a group (see
+    /// [`Grouping::ReadOnlyHead`]): its answer is taken, not passed on.
+    Head,
+}
+
 /// The server sent what the requests written cannot explain.
 #[derive(Debug)]
 pub(crate) struct Confused(pub(crate) &'static str);
@@ -96,10 +124,18 @@ pub(crate) struct Coalescer {
     inbound: Framer<Answers>,
     /// What the request being written holds so far.
     building: Building,
-    /// Requests written and not yet answered: whether each lost its `Sync`.
-    requests: VecDeque<bool>,
-    /// How many of them lost it.
+    /// Requests written and not yet answered.
+    requests: VecDeque<Req>,
+    /// How many of them are not [`Req::Own`].
     grouped: usize,
+    /// Whether each group starts with the rewriter's read-only head: on a
+    /// session that is not read-only of itself (the primary's write lane).
+    /// Then only statements that plainly only read may share a group.
+    read_only_head: bool,
+    /// A head failed: this connection forms no more groups.
+    head_refused: bool,
+    /// Where the request being written began, in the stream.
+    request_start: u64,
     /// The server is skipping to the end of a failed group.
     skipping: bool,
     /// Requests in the group being written.
@@ -133,6 +169,9 @@ impl Default for Coalescer {
             building: Building::default(),
             requests: VecDeque::new(),
             grouped: 0,
+            read_only_head: false,
+            head_refused: false,
+            request_start: 0,
             skipping: false,
             group: 0,
             groupable: rustc_hash::FxHashSet::default(),
@@ -145,20 +184,33 @@ impl Default for Coalescer {
     }
 }
 
-/// Notes a request written: whether it lost its `Sync`.
-fn push(requests: &mut VecDeque<bool>, grouped: &mut usize, shared: bool) {
-    *grouped += usize::from(shared);
-    requests.push_back(shared);
+/// Notes a request written.
+fn push(requests: &mut VecDeque<Req>, grouped: &mut usize, req: Req) {
+    *grouped += usize::from(req != Req::Own);
+    requests.push_back(req);
 }
 
-/// Notes the oldest request answered; returns whether it lost its `Sync`.
-fn pop(requests: &mut VecDeque<bool>, grouped: &mut usize) -> Option<bool> {
-    let shared = requests.pop_front()?;
-    *grouped -= usize::from(shared);
-    Some(shared)
+/// Notes the oldest request answered.
+fn pop(requests: &mut VecDeque<Req>, grouped: &mut usize) -> Option<Req> {
+    let req = requests.pop_front()?;
+    *grouped -= usize::from(req != Req::Own);
+    Some(req)
 }
 
 impl Coalescer {
+    /// A rewriter; with [`Grouping::ReadOnlyHead`], for a session that is
+    /// not read-only of itself: each group
+    /// starts with a head that makes its transaction read-only (enforced by
+    /// the server: a write in it fails with 25006 and writes nothing), and
+    /// only statements that plainly only read may share one, the last
+    /// member too.
+    pub(crate) fn new(grouping: Grouping) -> Coalescer {
+        Coalescer {
+            read_only_head: grouping == Grouping::ReadOnlyHead,
+            ..Coalescer::default()
+        }
+    }
+
     /// Starts rewriting: call at the first `ReadyForQuery`, with nothing
     /// written since.
     pub(crate) fn arm(&mut self) {
@@ -190,6 +242,9 @@ impl Coalescer {
         let mut input = buf;
         let mut copied = 0;
         while let Some(message) = self.outbound.next(&mut input) {
+            if self.building == Building::Empty {
+                self.request_start = message.start;
+            }
             self.building = match (self.building, message.kind) {
                 // Bind: portal "", then a statement the pool let into groups.
                 (Building::Empty, b'B') => match cstring(message.prefix) {
@@ -210,11 +265,26 @@ impl Coalescer {
                 },
                 (building, b'S') => {
                     let end = (message.end - base) as usize;
-                    let shareable = group
+                    let mut shareable = group
                         && building == Building::Plain
                         && message.start >= base
                         && buf.get(end) == Some(&b'B')
                         && self.group + 1 < MAX_GROUP;
+                    if shareable && self.read_only_head {
+                        // The next request runs in the group too: it must be
+                        // a plain read as well, and a new group needs room
+                        // for its head.
+                        shareable = !self.head_refused
+                            && plain_read(&buf[end..], &self.groupable)
+                            && (self.group > 0 || self.request_start >= base);
+                        if shareable && self.group == 0 {
+                            let at = (self.request_start - base) as usize;
+                            out.extend_from_slice(&buf[copied..at]);
+                            copied = at;
+                            head(out);
+                            push(&mut self.requests, &mut self.grouped, Req::Head);
+                        }
+                    }
                     if shareable {
                         let start = (message.start - base) as usize;
                         out.extend_from_slice(&buf[copied..start]);
@@ -225,19 +295,21 @@ impl Coalescer {
                         self.groups.push(self.group + 1);
                         self.group = 0;
                     }
-                    push(&mut self.requests, &mut self.grouped, shareable);
+                    let req = if shareable { Req::Grouped } else { Req::Own };
+                    push(&mut self.requests, &mut self.grouped, req);
                     Building::Empty
                 }
                 // Answered by a ReadyForQuery of their own.
                 (_, b'Q' | b'F') => {
-                    push(&mut self.requests, &mut self.grouped, false);
+                    push(&mut self.requests, &mut self.grouped, Req::Own);
                     Building::Empty
                 }
                 // A statement being prepared: its SQL says whether its
                 // later Binds may join groups.
                 (_, b'P') => {
                     if let Some(Ok(body)) = message.body {
-                        learn(&mut self.groupable, &self.catalog.0, body);
+                        let reads = self.read_only_head;
+                        learn(&mut self.groupable, &self.catalog.0, body, reads);
                     }
                     Building::Other
                 }
@@ -257,8 +329,14 @@ impl Coalescer {
     }
 }
 
-/// Notes a named statement's SQL, from its `Parse` body.
-fn learn(groupable: &mut rustc_hash::FxHashSet<Box<[u8]>>, catalog: &Catalog, body: &[u8]) {
+/// Notes a named statement's SQL, from its `Parse` body; `reads`: it must
+/// also plainly only read (see [`reads_only`](super::sql_guard::reads_only)).
+fn learn(
+    groupable: &mut rustc_hash::FxHashSet<Box<[u8]>>,
+    catalog: &Catalog,
+    body: &[u8],
+    reads: bool,
+) {
     let Some((name, rest)) = cstring(body) else {
         return;
     };
@@ -266,7 +344,10 @@ fn learn(groupable: &mut rustc_hash::FxHashSet<Box<[u8]>>, catalog: &Catalog, bo
         return;
     };
     let shares = !name.is_empty()
-        && std::str::from_utf8(sql).is_ok_and(|sql| super::sql_guard::groupable(sql, catalog));
+        && std::str::from_utf8(sql).is_ok_and(|sql| {
+            super::sql_guard::groupable(sql, catalog)
+                && (!reads || super::sql_guard::reads_only(sql))
+        });
     if shares {
         if groupable.len() >= MAX_NAMES {
             groupable.clear();

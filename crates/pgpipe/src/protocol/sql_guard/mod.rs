@@ -40,6 +40,7 @@
 
 mod contexts;
 mod fast_path;
+mod reads;
 mod refusals;
 mod verdicts;
 
@@ -47,6 +48,7 @@ pub(crate) use contexts::{
     check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, sends_lasting_state,
 };
 use fast_path::plainly_harmless;
+pub(crate) use reads::reads_only;
 use refusals::{TRANSACTION_CONTROL, is, keyword_name, refused};
 pub(crate) use verdicts::Verdicts;
 

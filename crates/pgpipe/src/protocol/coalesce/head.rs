@@ -1,0 +1,52 @@
+//! The read-only head of a group on a session that is not read-only of
+//! itself ([`Grouping::ReadOnlyHead`](super::Grouping::ReadOnlyHead)), and
+//! the look-ahead that keeps anything but a plain read out of such a group.
+
+use super::cstring;
+
+/// The head of a group on a session that is not read-only of itself:
+/// `transaction_read_only` for the group's implicit transaction, which
+/// ends at its `Sync` (`set_config(…, true)`; `SET LOCAL` would warn
+/// outside a transaction block). Unnamed statement and portal: a grouped
+/// request binds a named statement, so nothing of its is replaced.
+const HEAD_SQL: &[u8] = b"SELECT set_config('transaction_read_only', 'on', true)";
+
+/// `Parse`, `Bind`, `Execute` of [`HEAD_SQL`], unnamed.
+pub(super) fn head(out: &mut Vec<u8>) {
+    let parse_len = 4 + 1 + HEAD_SQL.len() + 1 + 2;
+    out.push(b'P');
+    out.extend_from_slice(&(parse_len as u32).to_be_bytes());
+    out.push(0);
+    out.extend_from_slice(HEAD_SQL);
+    out.extend_from_slice(&[0, 0, 0]);
+    // Bind: portal "", statement "", no formats, no parameters, no result formats.
+    out.extend_from_slice(&[b'B', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
+    // Execute: portal "", no row limit.
+    out.extend_from_slice(&[b'E', 0, 0, 0, 9, 0, 0, 0, 0, 0]);
+}
+
+/// Whether `next` starts with one whole request that may share a group
+/// behind a read-only head: `Bind` of the unnamed portal to a statement
+/// learned groupable, `Execute` of it with no row limit, `Sync`.
+pub(super) fn plain_read(next: &[u8], groupable: &rustc_hash::FxHashSet<Box<[u8]>>) -> bool {
+    /// The message of `kind` at the start of `bytes`: its body, and the rest.
+    fn take(bytes: &[u8], kind: u8) -> Option<(&[u8], &[u8])> {
+        let (&k, rest) = bytes.split_first()?;
+        let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        if k != kind || len < 4 {
+            return None;
+        }
+        Some((rest.get(4..len)?, &rest[len..]))
+    }
+    let Some((bind, rest)) = take(next, b'B') else {
+        return false;
+    };
+    let Some((execute, rest)) = take(rest, b'E') else {
+        return false;
+    };
+    let bound = match cstring(bind) {
+        Some((b"", rest)) => cstring(rest).is_some_and(|(name, _)| groupable.contains(name)),
+        _ => false,
+    };
+    bound && execute == [0, 0, 0, 0, 0] && take(rest, b'S').is_some()
+}
