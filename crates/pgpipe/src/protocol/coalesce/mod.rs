@@ -199,11 +199,10 @@ fn pop(requests: &mut VecDeque<Req>, grouped: &mut usize) -> Option<Req> {
 
 impl Coalescer {
     /// A rewriter; with [`Grouping::ReadOnlyHead`], for a session that is
-    /// not read-only of itself: each group
-    /// starts with a head that makes its transaction read-only (enforced by
-    /// the server: a write in it fails with 25006 and writes nothing), and
-    /// only statements that plainly only read may share one, the last
-    /// member too.
+    /// not read-only of itself: each group starts with a head that makes its
+    /// transaction read-only (enforced by the server: a write in it fails
+    /// with 25006 and writes nothing), and only statements that plainly only
+    /// read may share one, the last member too.
     pub(crate) fn new(grouping: Grouping) -> Coalescer {
         Coalescer {
             read_only_head: grouping == Grouping::ReadOnlyHead,

@@ -39,9 +39,14 @@ fn shared(c: &Coalescer) -> Vec<bool> {
 
 /// Armed, with statements s0 … s9 known to be groupable.
 fn armed() -> Coalescer {
-    let mut c = Coalescer::default();
+    armed_as(Grouping::ReadOnlySession, 10)
+}
+
+/// Armed for `grouping`, with statements s0 … s`n-1` known to be groupable.
+fn armed_as(grouping: Grouping, n: u8) -> Coalescer {
+    let mut c = Coalescer::new(grouping);
     c.arm();
-    for n in 0..10 {
+    for n in 0..n {
         c.groupable.insert(format!("s{n}").into_bytes().into());
     }
     c
@@ -278,12 +283,7 @@ fn a_malformed_answer_is_an_error_and_what_came_before_is_delivered() {
 /// As [`armed`], with a read-only head per group, s0 … s8 known to be
 /// groupable reads (s9 is not).
 fn armed_with_head() -> Coalescer {
-    let mut c = Coalescer::new(Grouping::ReadOnlyHead);
-    c.arm();
-    for n in 0..9 {
-        c.groupable.insert(format!("s{n}").into_bytes().into());
-    }
-    c
+    armed_as(Grouping::ReadOnlyHead, 9)
 }
 
 #[test]
