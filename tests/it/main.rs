@@ -22,6 +22,7 @@ mod owned_transactions;
 mod pooler_transactions;
 mod pooler_wire;
 mod poolers;
+mod primary_groups;
 mod quarantine;
 mod read_groups;
 mod replicas;

@@ -12,9 +12,11 @@ use crate::support::{Scrape, app, builder_via, proxy, settle};
 /// What one run put on the wire.
 #[derive(Debug)]
 struct Wire {
-    /// Mean Syncs per socket write, from `pgpipe_pipeline_batch_size`.
+    /// Mean queries per socket write, from `pgpipe_pipeline_batch_size`.
     per_write: f64,
-    /// The same from the proxy's count: Syncs over chunks carrying any.
+    /// The same from the proxy's count: `Execute`s over chunks carrying
+    /// any (queries, whether each has its own `Sync` or a read group shares
+    /// one; a group's read-only head is one more).
     proxy_per_chunk: f64,
     /// Observations of `pgpipe_pipeline_flush_wait_seconds`.
     flush_waits: u64,
@@ -92,8 +94,8 @@ async fn on_the_wire(window: Duration, one_way: Duration, load: Load) -> Wire {
     let wire = Wire {
         per_write: (scrape.value("pgpipe_pipeline_batch_size", &[]) - sum_before)
             / writes.max(1) as f64,
-        proxy_per_chunk: (up.messages - before.messages) as f64
-            / (up.chunks_with_messages - before.chunks_with_messages).max(1) as f64,
+        proxy_per_chunk: (up.executes - before.executes) as f64
+            / (up.chunks_with_executes - before.chunks_with_executes).max(1) as f64,
         flush_waits: scrape.histogram_count("pgpipe_pipeline_flush_wait_seconds"),
     };
     eprintln!("window {window:?}, one way {one_way:?}, {load:?}: {wire:?}");
@@ -121,7 +123,7 @@ async fn the_batch_window_makes_bigger_writes_and_counts_its_cost() {
     // The proxy, counting on its own, sees the same difference.
     assert!(
         on.proxy_per_chunk > 2.0 * off.proxy_per_chunk,
-        "proxy: with the window {:.2} Syncs per chunk, without {:.2}",
+        "proxy: with the window {:.2} queries per chunk, without {:.2}",
         on.proxy_per_chunk,
         off.proxy_per_chunk
     );
@@ -152,7 +154,7 @@ async fn step_aside_batches_concurrent_queries_on_one_connection() {
     );
     assert!(
         wire.proxy_per_chunk >= 2.5,
-        "the proxy saw {:.2} Syncs per chunk",
+        "the proxy saw {:.2} queries per chunk",
         wire.proxy_per_chunk
     );
 }

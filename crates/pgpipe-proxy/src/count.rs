@@ -23,6 +23,9 @@ pub(crate) struct MessageCounter {
     lost: bool,
     /// Messages of the second type seen so far.
     seconds: u64,
+    /// Upstream: `Execute` messages seen so far (queries, however many
+    /// share a `Sync`).
+    executes: u64,
     /// Upstream: a request group has begun and its Sync (or Query) has not
     /// come yet.
     in_group: bool,
@@ -50,6 +53,7 @@ impl MessageCounter {
             kinds,
             second,
             seconds: 0,
+            executes: 0,
             startup,
             header: [0; 8],
             header_len: 0,
@@ -70,6 +74,11 @@ impl MessageCounter {
     /// Messages of the second type (Parse upstream) seen so far.
     pub(crate) fn seconds(&self) -> u64 {
         self.seconds
+    }
+
+    /// Upstream `Execute` messages seen so far.
+    pub(crate) fn executes(&self) -> u64 {
+        self.executes
     }
 
     /// Feeds a chunk; returns how many counted messages ended in it.
@@ -152,6 +161,9 @@ impl MessageCounter {
                 }
                 if Some(self.current) == self.second {
                     self.seconds += 1;
+                }
+                if self.second.is_some() && self.current == b'E' {
+                    self.executes += 1;
                 }
                 self.body_left = (len - 4) as u64;
                 if self.body_left == 0 && self.kinds.contains(&self.current) {

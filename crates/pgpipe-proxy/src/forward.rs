@@ -266,7 +266,7 @@ async fn pipe(
                 Ok(n) => n,
             };
             let stamp = Instant::now();
-            let parses_before = counter.seconds();
+            let (parses_before, executes_before) = (counter.seconds(), counter.executes());
             let early_before = counter.early_groups();
             let messages = counter.feed_owing(&buf[..n], owed.load(Ordering::Acquire));
             if counter.early_groups() > early_before {
@@ -274,7 +274,12 @@ async fn pipe(
                     .early_groups
                     .fetch_add(counter.early_groups() - early_before, Ordering::Relaxed);
             }
-            counters.record(n, messages, counter.seconds() - parses_before);
+            counters.record(
+                n,
+                messages,
+                counter.seconds() - parses_before,
+                counter.executes() - executes_before,
+            );
             let messages = messages as i64;
             // A Sync from a client that was owed nothing starts a round trip
             // of its own; the others ride along. Counted at the client's

@@ -142,6 +142,12 @@ pub struct DirectionStats {
     pub chunks_with_messages: u64,
     /// `Parse` messages (upstream only).
     pub parses: u64,
+    /// `Execute` messages (upstream only): the queries of the extended
+    /// protocol, counted whether each has a `Sync` of its own or several
+    /// share one.
+    pub executes: u64,
+    /// Chunks that carried at least one `Execute`.
+    pub chunks_with_executes: u64,
 }
 
 /// What a proxy forwarded, from [`Proxy::stats`].
@@ -270,12 +276,18 @@ struct DirectionCounters {
     messages: AtomicU64,
     chunks_with_messages: AtomicU64,
     parses: AtomicU64,
+    executes: AtomicU64,
+    chunks_with_executes: AtomicU64,
 }
 
 impl DirectionCounters {
-    fn record(&self, bytes: usize, messages: u64, parses: u64) {
+    fn record(&self, bytes: usize, messages: u64, parses: u64, executes: u64) {
         if parses > 0 {
             self.parses.fetch_add(parses, Ordering::Relaxed);
+        }
+        if executes > 0 {
+            self.executes.fetch_add(executes, Ordering::Relaxed);
+            self.chunks_with_executes.fetch_add(1, Ordering::Relaxed);
         }
         self.chunks.fetch_add(1, Ordering::Relaxed);
         self.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
@@ -292,6 +304,8 @@ impl DirectionCounters {
             messages: self.messages.load(Ordering::Relaxed),
             chunks_with_messages: self.chunks_with_messages.load(Ordering::Relaxed),
             parses: self.parses.load(Ordering::Relaxed),
+            executes: self.executes.load(Ordering::Relaxed),
+            chunks_with_executes: self.chunks_with_executes.load(Ordering::Relaxed),
         }
     }
 }

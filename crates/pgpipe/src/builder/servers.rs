@@ -89,8 +89,9 @@ impl PoolBuilder {
         self
     }
 
-    /// Whether reads through [`Pool::read`] that go out together share one
-    /// `Sync`; see [`PoolConfig::read_groups`]. Default: `true`.
+    /// Whether reads that go out together share one `Sync` (through
+    /// [`Pool::read`], and plain reads through [`Pool::query`]); see
+    /// [`PoolConfig::read_groups`]. Default: `true`.
     pub fn read_groups(mut self, on: bool) -> Self {
         self.config.read_groups = on;
         self

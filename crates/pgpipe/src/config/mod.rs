@@ -278,12 +278,13 @@ pub struct PoolConfig {
     /// Default: zero (fail at once).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub failover_wait: Duration,
-    /// Reads through [`Pool::read`](crate::Pool::read) that go out in one
-    /// write on a shared connection share one `Sync` (one transaction, one
-    /// `ReadyForQuery`, one flush on the server), on connections that are
-    /// read-only; each still gets its own answer, and one that fails fails
-    /// alone (the others are run again). See the guide's
-    /// [read groups](crate::guide::read_groups).
+    /// Reads that go out in one write on a shared connection share one
+    /// `Sync` (one transaction, one `ReadyForQuery`, one flush on the
+    /// server): through [`Pool::read`](crate::Pool::read) on read-only
+    /// sessions, and plain reads through [`Pool::query`](crate::Pool::query)
+    /// on the primary's, behind a head that makes the group read-only. Each
+    /// still gets its own answer, and one that fails fails alone (the others
+    /// are run again). See the guide's [read groups](crate::guide::read_groups).
     ///
     /// Default: `true`.
     pub read_groups: bool,

@@ -80,15 +80,10 @@ impl Lane {
         // a read-only head per group, and only plain reads. Not behind a
         // transaction pooler, where sessions are not the lane's own and
         // only one query is on the wire.
-        //
-        // The write lane's `Grouping::ReadOnlyHead` is built and unit-tested
-        // (protocol::coalesce) but not switched on yet: with it on, four
-        // integration tests failed and the suite ran 30 minutes instead of
-        // 4 (see issue #25's note). Until that is understood it stays off.
         let read_groups = match labels.lane {
             _ if !config.read_groups || config.pooler.is_transaction() => Grouping::Off,
             Some("read") => Grouping::ReadOnlySession,
-            _ => Grouping::Off,
+            _ => Grouping::ReadOnlyHead,
         };
         let metrics = match &registry {
             Some(_) => Some(Arc::new(Metrics::new(&labels).map_err(|e| {

@@ -200,7 +200,8 @@ impl Metrics {
             wire: WireMetrics {
                 batch_size: Histogram::with_opts(histogram(
                     "pipeline_batch_size",
-                    "Queries (Sync messages) per socket write on shared connections.",
+                    "Queries (the client's Sync messages, before read groups share them) per \
+                     socket write on shared connections.",
                     pool,
                     BATCH,
                 ))?,

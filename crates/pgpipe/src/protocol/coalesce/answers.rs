@@ -63,6 +63,7 @@ impl Coalescer {
         let mut result: Result<(), (Confused, usize)> = Ok(());
         while let Some(message) = self.inbound.next(&mut input) {
             last_end = Some(message.end);
+            let kind = message.kind;
             // A message may have begun in bytes that went out unchanged
             // (see `pass`): nothing is ever inserted before such a one.
             let (start, end) = (
@@ -70,7 +71,7 @@ impl Coalescer {
                 (message.end - emitted) as usize,
             );
             // Notices, notifications and reported settings come at any time.
-            if matches!(message.kind, b'N' | b'A' | b'S') {
+            if matches!(kind, b'N' | b'A' | b'S') {
                 continue;
             }
             let Some(&req) = self.requests.front() else {
@@ -78,7 +79,7 @@ impl Coalescer {
                 break;
             };
             if self.skipping {
-                if message.kind != b'Z' {
+                if kind != b'Z' {
                     result = Err((Confused("an answer where the server skips"), start));
                     break;
                 }
@@ -88,12 +89,14 @@ impl Coalescer {
                 copied = start;
                 while let Some(req) = pop(&mut self.requests, &mut self.grouped) {
                     match req {
-                        Req::Head => {}
-                        Req::Grouped => {
+                        // Never in a group: written before a request, with
+                        // a Sync of its own.
+                        Req::Head | Req::Prepare => {}
+                        Req::Grouped(_) => {
                             skipped_error(out);
                             ready(out);
                         }
-                        Req::Own => {
+                        Req::Own | Req::Closing(_) => {
                             skipped_error(out);
                             break;
                         }
@@ -102,37 +105,67 @@ impl Coalescer {
                 self.skipping = false;
                 continue;
             }
-            match (req, message.kind) {
+            match (req, kind) {
                 // The head's own answer is the rewriter's: taken.
-                (Req::Head, b'1' | b'2' | b'D' | b'C' | b'E') => {
+                (Req::Head, b'2' | b'D' | b'C' | b'E') => {
                     out.extend_from_slice(&self.carry[copied..start]);
                     copied = end;
-                    if matches!(message.kind, b'C' | b'E') {
+                    if matches!(kind, b'C' | b'E') {
                         pop(&mut self.requests, &mut self.grouped);
                     }
-                    if message.kind == b'E' {
-                        // The server skips the group, which never ran; and
-                        // this connection groups no more.
+                    if kind == b'E' {
+                        // The server skips the group, which never ran.
                         self.skipping = true;
-                        self.head_refused = true;
+                        self.head_failed(start, end);
                     }
                 }
                 (Req::Head, _) => {
                     result = Err((Confused("an unexpected answer to a group's head"), start));
                     break;
                 }
-                (Req::Grouped, b'2' | b'D') => {}
-                (Req::Grouped, b'C' | b'I' | b'E') => {
-                    out.extend_from_slice(&self.carry[copied..end]);
+                // The head's Parse: its answer is taken, up to its own
+                // ReadyForQuery.
+                (Req::Prepare, b'1' | b'E' | b'Z') => {
+                    out.extend_from_slice(&self.carry[copied..start]);
+                    copied = end;
+                    match kind {
+                        b'Z' => drop(pop(&mut self.requests, &mut self.grouped)),
+                        b'E' => self.head_failed(start, end),
+                        _ => {}
+                    }
+                }
+                (Req::Prepare, _) => {
+                    result = Err((Confused("an unexpected answer to the head's Parse"), start));
+                    break;
+                }
+                (Req::Grouped(_), b'2' | b'D') => {}
+                (Req::Grouped(name), b'C' | b'I' | b'E') => {
+                    if kind == b'E' && self.refused_read_only(name, start, end) {
+                        // Refused only for the group's head: it runs again,
+                        // with a Sync of its own.
+                        out.extend_from_slice(&self.carry[copied..start]);
+                        skipped_error(out);
+                    } else {
+                        out.extend_from_slice(&self.carry[copied..end]);
+                    }
                     copied = end;
                     ready(out);
                     pop(&mut self.requests, &mut self.grouped);
-                    self.skipping = message.kind == b'E';
+                    self.skipping = kind == b'E';
                 }
-                (Req::Grouped, _) => {
+                (Req::Grouped(_), _) => {
                     result = Err((Confused("an unexpected message in a read group"), start));
                     break;
                 }
+                (Req::Closing(name), b'E') if self.refused_read_only(name, start, end) => {
+                    out.extend_from_slice(&self.carry[copied..start]);
+                    copied = end;
+                    skipped_error(out);
+                }
+                (Req::Closing(_), b'Z') => {
+                    pop(&mut self.requests, &mut self.grouped);
+                }
+                (Req::Closing(_), _) => {}
                 (Req::Own, b'Z') => {
                     pop(&mut self.requests, &mut self.grouped);
                 }
@@ -169,6 +202,58 @@ impl Coalescer {
         self.emitted += whole as u64;
         result.map_err(|(confused, _)| confused)
     }
+}
+
+impl Coalescer {
+    /// The error at `carry[start..end]` answered the head or its `Parse`:
+    /// a head whose statement is gone is prepared again before the next
+    /// write (one already there is kept), and after
+    /// [`MAX_HEAD_FAILURES`](super::MAX_HEAD_FAILURES) the connection forms
+    /// no more groups.
+    fn head_failed(&mut self, start: usize, end: usize) {
+        self.head_failures = self.head_failures.saturating_add(1);
+        match sqlstate(&self.carry[start..end]) {
+            Some(GONE) => self.head_prepared = false,
+            Some(ALREADY_THERE) => self.head_prepared = true,
+            _ => self.head_failures = super::MAX_HEAD_FAILURES,
+        }
+    }
+
+    /// Whether the error at `carry[start..end]`, the answer to a grouped
+    /// request binding the statement of key `name`, is the server refusing
+    /// a write in a read-only transaction (SQLSTATE 25006) behind the
+    /// rewriter's own head: without the group the statement would have
+    /// run. It is forgotten as groupable on this connection.
+    fn refused_read_only(&mut self, name: u64, start: usize, end: usize) -> bool {
+        if !self.read_only_head || sqlstate(&self.carry[start..end]) != Some(READ_ONLY) {
+            return false;
+        }
+        self.groupable
+            .retain(|statement| super::key(statement) != name);
+        true
+    }
+}
+
+/// SQLSTATE `invalid_sql_statement_name`: the head's statement is gone.
+const GONE: &[u8] = b"26000";
+
+/// SQLSTATE `duplicate_prepared_statement`: it is there already.
+const ALREADY_THERE: &[u8] = b"42P05";
+
+/// SQLSTATE `read_only_sql_transaction`.
+const READ_ONLY: &[u8] = b"25006";
+
+/// The SQLSTATE of an `ErrorResponse` message, whole.
+fn sqlstate(message: &[u8]) -> Option<&[u8]> {
+    let mut fields = message.get(5..)?;
+    while let Some((&field, rest)) = fields.split_first() {
+        let nul = rest.iter().position(|&b| b == 0)?;
+        if field == b'C' {
+            return Some(&rest[..nul]);
+        }
+        fields = &rest[nul + 1..];
+    }
+    None
 }
 
 /// `ReadyForQuery`, idle.

@@ -7,20 +7,38 @@ use super::cstring;
 /// The head of a group on a session that is not read-only of itself:
 /// `transaction_read_only` for the group's implicit transaction, which
 /// ends at its `Sync` (`set_config(…, true)`; `SET LOCAL` would warn
-/// outside a transaction block). Unnamed statement and portal: a grouped
-/// request binds a named statement, so nothing of its is replaced.
+/// outside a transaction block).
 const HEAD_SQL: &[u8] = b"SELECT set_config('transaction_read_only', 'on', true)";
 
-/// `Parse`, `Bind`, `Execute` of [`HEAD_SQL`], unnamed.
-pub(super) fn head(out: &mut Vec<u8>) {
-    let parse_len = 4 + 1 + HEAD_SQL.len() + 1 + 2;
+/// The name the head is prepared under, once per connection (see
+/// [`prepare_head`]): a protocol-level statement, so the session cleanup,
+/// which deallocates only those prepared by SQL, keeps it.
+pub(super) const HEAD_NAME: &[u8] = b"pgpipe_read_only_head";
+
+/// `Parse` of [`HEAD_SQL`] as [`HEAD_NAME`], and a `Sync` of its own: written
+/// before a connection's first request, its answer taken.
+pub(super) fn prepare_head(out: &mut Vec<u8>) {
+    let parse_len = 4 + HEAD_NAME.len() + 1 + HEAD_SQL.len() + 1 + 2;
     out.push(b'P');
     out.extend_from_slice(&(parse_len as u32).to_be_bytes());
+    out.extend_from_slice(HEAD_NAME);
     out.push(0);
     out.extend_from_slice(HEAD_SQL);
     out.extend_from_slice(&[0, 0, 0]);
-    // Bind: portal "", statement "", no formats, no parameters, no result formats.
-    out.extend_from_slice(&[b'B', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
+    out.extend_from_slice(&[b'S', 0, 0, 0, 4]);
+}
+
+/// `Bind` of [`HEAD_NAME`] to the unnamed portal and `Execute` of it: the
+/// head of one group. The unnamed portal is a grouped request's too, and
+/// each `Bind` replaces it.
+pub(super) fn head(out: &mut Vec<u8>) {
+    let bind_len = 4 + 1 + HEAD_NAME.len() + 1 + 2 + 2 + 2;
+    out.push(b'B');
+    out.extend_from_slice(&(bind_len as u32).to_be_bytes());
+    out.push(0);
+    out.extend_from_slice(HEAD_NAME);
+    // No formats, no parameters, no result formats.
+    out.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0]);
     // Execute: portal "", no row limit.
     out.extend_from_slice(&[b'E', 0, 0, 0, 9, 0, 0, 0, 0, 0]);
 }

@@ -38,6 +38,7 @@
 
 mod answers;
 mod head;
+mod learn;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -45,12 +46,18 @@ use std::sync::Arc;
 use super::catalog::Catalog;
 use super::framer::{Answers, Framer, Phase, Writes};
 use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
-use head::{head, plain_read};
+use head::{head, plain_read, prepare_head};
+use learn::{key, learn};
 
 /// Most queries under one Sync: one failure skips the rest of its group,
 /// and skipped queries run again, so a group stays small enough that a
 /// failure costs little.
 const MAX_GROUP: u64 = 32;
+
+/// Failed heads after which a connection forms no more groups: one that
+/// fails because its statement is gone is prepared again, but a head the
+/// server keeps refusing is not tried forever.
+const MAX_HEAD_FAILURES: u8 = 3;
 
 /// What the request being written holds so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,11 +99,18 @@ pub(crate) enum Grouping {
 enum Req {
     /// Answered by a `ReadyForQuery` of its own.
     Own,
-    /// Its `Sync` was dropped: it shares the next one.
-    Grouped,
+    /// Its `Sync` was dropped: it shares the next one. With the key of
+    /// the statement it binds ([`key`]).
+    Grouped(u64),
+    /// The last request of a group: it keeps the group's `Sync`, and is
+    /// answered by that `ReadyForQuery`. With its statement's key.
+    Closing(u64),
     /// The rewriter's own read-only head of a group (see
     /// [`Grouping::ReadOnlyHead`]): its answer is taken, not passed on.
     Head,
+    /// The rewriter's own `Parse` of the head, with a `Sync` of its own:
+    /// its answer is taken too.
+    Prepare,
 }
 
 /// The server sent what the requests written cannot explain.
@@ -124,6 +138,8 @@ pub(crate) struct Coalescer {
     inbound: Framer<Answers>,
     /// What the request being written holds so far.
     building: Building,
+    /// The [`key`] of the statement it binds, once [`Building::Bound`].
+    bound: u64,
     /// Requests written and not yet answered.
     requests: VecDeque<Req>,
     /// How many of them are not [`Req::Own`].
@@ -132,8 +148,11 @@ pub(crate) struct Coalescer {
     /// session that is not read-only of itself (the primary's write lane).
     /// Then only statements that plainly only read may share a group.
     read_only_head: bool,
-    /// A head failed: this connection forms no more groups.
-    head_refused: bool,
+    /// The head is prepared on this connection (or its `Parse` written).
+    head_prepared: bool,
+    /// Heads (or their `Parse`) that failed: at [`MAX_HEAD_FAILURES`] this
+    /// connection forms no more groups.
+    head_failures: u8,
     /// Where the request being written began, in the stream.
     request_start: u64,
     /// The server is skipping to the end of a failed group.
@@ -167,10 +186,12 @@ impl Default for Coalescer {
             outbound,
             inbound: Framer::keeping(Phase::Typed),
             building: Building::default(),
+            bound: 0,
             requests: VecDeque::new(),
             grouped: 0,
             read_only_head: false,
-            head_refused: false,
+            head_prepared: false,
+            head_failures: 0,
             request_start: 0,
             skipping: false,
             group: 0,
@@ -237,6 +258,18 @@ impl Coalescer {
             out.extend_from_slice(buf);
             return;
         }
+        if self.read_only_head
+            && !self.head_prepared
+            && self.head_failures < MAX_HEAD_FAILURES
+            && self.building == Building::Empty
+            && self.outbound.at_boundary()
+        {
+            // Before the connection's first request (or the first after the
+            // head's statement was found gone), between requests.
+            prepare_head(out);
+            push(&mut self.requests, &mut self.grouped, Req::Prepare);
+            self.head_prepared = true;
+        }
         let base = self.outbound.offset();
         let mut input = buf;
         let mut copied = 0;
@@ -249,10 +282,12 @@ impl Coalescer {
                 (Building::Empty, b'B') => match cstring(message.prefix) {
                     Some((b"", rest)) => {
                         let statement = rest.iter().position(|&b| b == 0).map(|n| &rest[..n]);
-                        if statement.is_some_and(|name| self.groupable.contains(name)) {
-                            Building::Bound
-                        } else {
-                            Building::Other
+                        match statement.filter(|name| self.groupable.contains(*name)) {
+                            Some(name) => {
+                                self.bound = key(name);
+                                Building::Bound
+                            }
+                            None => Building::Other,
                         }
                     }
                     _ => Building::Other,
@@ -273,7 +308,8 @@ impl Coalescer {
                         // The next request runs in the group too: it must be
                         // a plain read as well, and a new group needs room
                         // for its head.
-                        shareable = !self.head_refused
+                        shareable = self.head_prepared
+                            && self.head_failures < MAX_HEAD_FAILURES
                             && plain_read(&buf[end..], &self.groupable)
                             && (self.group > 0 || self.request_start >= base);
                         if shareable && self.group == 0 {
@@ -290,11 +326,16 @@ impl Coalescer {
                         copied = end;
                         self.saved += 1;
                         self.group += 1;
+                    }
+                    let req = if shareable {
+                        Req::Grouped(self.bound)
                     } else if self.group > 0 {
                         self.groups.push(self.group + 1);
                         self.group = 0;
-                    }
-                    let req = if shareable { Req::Grouped } else { Req::Own };
+                        Req::Closing(self.bound)
+                    } else {
+                        Req::Own
+                    };
                     push(&mut self.requests, &mut self.grouped, req);
                     Building::Empty
                 }
@@ -327,39 +368,6 @@ impl Coalescer {
         out.extend_from_slice(&buf[copied..]);
     }
 }
-
-/// Notes a named statement's SQL, from its `Parse` body; `reads`: it must
-/// also plainly only read (see [`reads_only`](super::sql_guard::reads_only)).
-fn learn(
-    groupable: &mut rustc_hash::FxHashSet<Box<[u8]>>,
-    catalog: &Catalog,
-    body: &[u8],
-    reads: bool,
-) {
-    let Some((name, rest)) = cstring(body) else {
-        return;
-    };
-    let Some((sql, _)) = cstring(rest) else {
-        return;
-    };
-    let shares = !name.is_empty()
-        && std::str::from_utf8(sql).is_ok_and(|sql| {
-            super::sql_guard::groupable(sql, catalog)
-                && (!reads || super::sql_guard::reads_only(sql))
-        });
-    if shares {
-        if groupable.len() >= MAX_NAMES {
-            groupable.clear();
-        }
-        groupable.insert(name.into());
-    } else {
-        groupable.remove(name);
-    }
-}
-
-/// Most statement names remembered as groupable (the pool's cache closes
-/// what it evicts, so this bound is only a backstop).
-const MAX_NAMES: usize = 4096;
 
 /// Buffers past this size are given back once they empty.
 pub(crate) const SHRINK_ABOVE: usize = 64 * 1024;

@@ -34,7 +34,10 @@ fn kinds(bytes: &[u8]) -> Vec<u8> {
 
 /// Whether each request in flight lost its `Sync`.
 fn shared(c: &Coalescer) -> Vec<bool> {
-    c.requests.iter().map(|&r| r != Req::Own).collect()
+    c.requests
+        .iter()
+        .map(|r| !matches!(r, Req::Own | Req::Closing(_)))
+        .collect()
 }
 
 /// Armed, with statements s0 … s9 known to be groupable.
@@ -280,80 +283,4 @@ fn a_malformed_answer_is_an_error_and_what_came_before_is_delivered() {
     assert_eq!(kinds(&delivered), b"2");
 }
 
-/// As [`armed`], with a read-only head per group, s0 … s8 known to be
-/// groupable reads (s9 is not).
-fn armed_with_head() -> Coalescer {
-    armed_as(Grouping::ReadOnlyHead, 9)
-}
-
-#[test]
-fn a_group_on_a_writable_session_starts_with_its_read_only_head() {
-    let mut c = armed_with_head();
-    let mut out = Vec::new();
-    c.outbound(&[query(1), query(2), query(3)].concat(), true, &mut out);
-    assert_eq!(kinds(&out), b"PBEBEBEBES");
-    assert!(String::from_utf8_lossy(&out).contains("transaction_read_only"));
-    assert_eq!(
-        c.requests,
-        [Req::Head, Req::Grouped, Req::Grouped, Req::Own]
-    );
-    // A request that is not a plain read is never in a group, not even as
-    // its last: the read before it keeps its Sync.
-    let mut c = armed_with_head();
-    let mut out = Vec::new();
-    c.outbound(&[query(1), query(2), query(9)].concat(), true, &mut out);
-    assert_eq!(kinds(&out), b"PBEBEBESBES");
-    assert_eq!(shared(&c), [true, true, false, false]);
-    // One read alone: no group, no head.
-    let mut c = armed_with_head();
-    let mut out = Vec::new();
-    c.outbound(&[query(9), query(1)].concat(), true, &mut out);
-    assert_eq!(kinds(&out), b"BESBES");
-}
-
-#[test]
-fn the_heads_answer_is_taken_and_its_failure_skips_the_group() {
-    let mut c = armed_with_head();
-    let mut out = Vec::new();
-    c.outbound(&[query(1), query(2)].concat(), true, &mut out);
-    let head = [
-        message(b'1', &[]),
-        message(b'2', &[]),
-        message(b'D', b"\0\x01\0\0\0\x02on"),
-        message(b'C', b"SELECT 1\0"),
-    ]
-    .concat();
-    let reads = [
-        message(b'2', &[]),
-        message(b'D', b"row"),
-        message(b'C', b"SELECT 1\0"),
-        message(b'2', &[]),
-        message(b'C', b"SELECT 0\0"),
-        message(b'Z', b"I"),
-    ]
-    .concat();
-    let mut out = Vec::new();
-    for byte in [head, reads].concat() {
-        c.inbound(&[byte], &mut out).unwrap();
-    }
-    assert_eq!(kinds(&out), b"2DCZ2CZ");
-    assert!(c.requests.is_empty() && c.passes_through());
-    // The head fails: both reads were skipped (run again by the pool), and
-    // the connection forms no more groups.
-    let mut c = armed_with_head();
-    let mut out = Vec::new();
-    c.outbound(&[query(1), query(2)].concat(), true, &mut out);
-    let failed = [
-        message(b'1', &[]),
-        message(b'E', b"no"),
-        message(b'Z', b"I"),
-    ]
-    .concat();
-    let mut out = Vec::new();
-    c.inbound(&failed, &mut out).unwrap();
-    assert_eq!(kinds(&out), b"EZEZ");
-    assert_eq!(String::from_utf8_lossy(&out).matches(SKIPPED).count(), 2);
-    let mut out = Vec::new();
-    c.outbound(&[query(1), query(2)].concat(), true, &mut out);
-    assert_eq!(kinds(&out), b"BESBES");
-}
+mod head;
