@@ -18,7 +18,6 @@ use std::sync::atomic::Ordering;
 use super::queue;
 use super::route::{self, Candidate, Decision};
 use super::{Router, SharedConn};
-use crate::config::deadline_after;
 use crate::error::{Error, ErrorKind};
 
 /// A query's place on a shared connection (or a batch's places); frees
@@ -183,25 +182,26 @@ impl Router {
                 return Err(error);
             }
         }
-        let deadline = deadline_after(self.config.wait_timeout);
         let capacity = self.config.queue_capacity;
-        let Some((admission, _waiting)) = self.queue.join(capacity, slow) else {
+        let timeout = self.config.wait_timeout;
+        let Some((admission, _waiting, first)) = self.queue.join(capacity, slow, timeout) else {
             return Err(Error::queue_full(capacity));
         };
+        // Its deadline is the timer's (`deadlines`), shared by all waiters.
+        self.watch_deadlines(first);
         // Room may have appeared since the fast path looked, and a new
         // connection may be needed: dispatch, possibly to this very waiter.
         self.dispatch();
-        match tokio::time::timeout_at(deadline, admission).await {
-            Ok(Ok(Ok(handoff))) => {
+        match admission.await {
+            Ok(Ok(handoff)) => {
                 let conn = handoff.take();
                 let ahead = conn.in_flight().saturating_sub(1);
                 // Its own place is already counted in its connection's load.
                 self.note_depth(self.counts().in_flight as u64);
                 Ok(self.place(conn, ahead, slow))
             }
-            Ok(Ok(Err(error))) => Err(error),
-            Ok(Err(_)) => Err(Error::closed()),
-            Err(_) => Err(Error::timeout("room on a shared connection")),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(Error::closed()),
         }
     }
 

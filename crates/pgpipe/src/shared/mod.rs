@@ -21,6 +21,7 @@ pub(crate) mod admission;
 mod batch_window;
 pub(crate) mod conn;
 pub(crate) mod costs;
+mod deadlines;
 mod open;
 pub(crate) mod queue;
 pub(crate) mod route;
@@ -58,6 +59,10 @@ pub(crate) struct Router {
     opening: AtomicUsize,
     /// Queries waiting for room.
     queue: WaitQueue<Handoff>,
+    /// Whether the timer of the waiters' deadlines runs, and its wake-up
+    /// (see [`deadlines`]).
+    sweeping: AtomicBool,
+    deadlines: Arc<tokio::sync::Notify>,
     /// Whether a dispatch is running, and whether another was asked for
     /// meanwhile (see [`admission`]).
     dispatching: AtomicBool,
@@ -108,6 +113,8 @@ impl Router {
             edit: Mutex::new(()),
             opening: AtomicUsize::new(0),
             queue: WaitQueue::default(),
+            sweeping: AtomicBool::new(false),
+            deadlines: Arc::default(),
             dispatching: AtomicBool::new(false),
             dispatch_again: AtomicBool::new(false),
             failure: Mutex::new(None),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::{Router, SharedConn};
 use crate::conn::run::Late;
 use crate::conn::{ConnState, PgConn};
+use crate::error::Error;
 use crate::metrics::CloseReason;
 
 /// A shared connection with nothing in flight for this many ticks goes back
@@ -36,6 +37,14 @@ impl Router {
         self.retire_idle(SHARED_IDLE_TICKS);
         self.top_up();
         self.dispatch();
+        // Waiters' deadlines have a timer of their own (`deadlines`); this
+        // is its safety net, should its task have ended with a runtime.
+        self.queue.expire(tokio::time::Instant::now(), || {
+            Error::timeout("room on a shared connection")
+        });
+        if self.queue.len() > 0 {
+            self.watch_deadlines(false);
+        }
     }
 
     /// Opens connections until `min_idle` are open, one at a time.
