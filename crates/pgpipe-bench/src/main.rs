@@ -14,6 +14,7 @@
 //! Output: a Markdown table on stdout, JSON lines (`--out`) and an SVG chart
 //! (`--chart`). `--help` lists every option.
 
+mod fleet;
 mod pgbench;
 mod replicas;
 mod report;
@@ -62,6 +63,12 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      --rounds, --duration apply)
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
+  --workers N        tokio worker threads for every target (default: one per core; with
+                     --fleet, per process, default 1)
+  --fleet K          K app processes per cell, each with its own pool (pgpipe on (4),
+                     deadpool (16), a shared client), through one proxy: total q/s, p99,
+                     server backends and CPU per query (--delays-us, --tasks per process,
+                     --rounds, --duration apply; echo, reads, web, head-of-line)
   --tx-rate N        transfers, batches, begins: transactions per second, paced, for all targets
                      alike (default: as many as the transaction tasks can)
   --routing R        pgpipe: spread or fill
@@ -92,6 +99,13 @@ struct Plan {
     /// transfers and batches: the transactions per second their
     /// transaction tasks aim at together (closed loop when `None`).
     tx_rate: Option<f64>,
+    /// The tokio runtime's worker threads (`None`: one per core).
+    workers: Option<usize>,
+    /// `--fleet K`: K app processes per cell (see [`fleet`]).
+    fleet: Option<usize>,
+    /// One of a fleet's processes: its target's tag, URL and start (Unix
+    /// milliseconds).
+    fleet_member: Option<(String, String, u64)>,
 }
 
 impl Plan {
@@ -112,6 +126,9 @@ impl Plan {
             out: PathBuf::from("bench-results/results.jsonl"),
             chart: PathBuf::from("bench-results/throughput.svg"),
             tuning: Tuning::default(),
+            workers: None,
+            fleet: None,
+            fleet_member: None,
             tx_rate: None,
         }
     }
@@ -185,6 +202,33 @@ impl Plan {
                 "--depth" => plan.tuning.depth = Some(parse_one(&value()?)?),
                 "--max-exclusive" => plan.tuning.max_exclusive = Some(parse_one(&value()?)?),
                 "--tx-rate" => plan.tx_rate = Some(parse_one(&value()?)?),
+                "--fleet" => match parse_one(&value()?)? {
+                    0 => return Err("--fleet needs at least 1 process".to_string()),
+                    n => {
+                        plan.fleet = Some(n);
+                        plan.pgbench = None;
+                    }
+                },
+                "--fleet-member" => {
+                    let tag = value()?;
+                    plan.fleet_member = Some((tag, String::new(), 0));
+                }
+                "--fleet-url" => {
+                    let url = value()?;
+                    if let Some(member) = plan.fleet_member.as_mut() {
+                        member.1 = url;
+                    }
+                }
+                "--fleet-start-ms" => {
+                    let start = parse_one(&value()?)?;
+                    if let Some(member) = plan.fleet_member.as_mut() {
+                        member.2 = start;
+                    }
+                }
+                "--workers" => match parse_one(&value()?)? {
+                    0 => return Err("--workers must be at least 1".to_string()),
+                    n => plan.workers = Some(n),
+                },
                 "--slow-ms" => {
                     plan.tuning.slow = Some(match value()?.as_str() {
                         "off" => None,
@@ -255,8 +299,7 @@ impl Server {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         print!("{HELP}");
@@ -269,6 +312,20 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = plan.workers {
+        runtime.worker_threads(workers);
+    }
+    match runtime.enable_all().build() {
+        Ok(runtime) => runtime.block_on(run_plan(plan, args)),
+        Err(e) => {
+            eprintln!("pgpipe-bench: cannot start the runtime: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run_plan(plan: Plan, args: Vec<String>) -> ExitCode {
     let server = match try_database_url().and_then(Server::from_url) {
         Ok(server) => server,
         Err(message) => {
@@ -276,7 +333,16 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let ran = if plan.replicas {
+    let ran = if let Some((tag, url, start)) = &plan.fleet_member {
+        fleet::member(&plan, tag, url, *start)
+            .await
+            .map(|()| true)
+            .map_err(|e| e.to_string().into())
+    } else if let Some(processes) = plan.fleet {
+        fleet::run(&plan, &server, processes)
+            .await
+            .map_err(|e| e.to_string().into())
+    } else if plan.replicas {
         replicas::run(&plan).await
     } else {
         run(&plan, &server, &args).await
@@ -458,11 +524,13 @@ fn via_bouncer(
 
 fn print_header(plan: &Plan, server: &Server, version: &str, proxy: &Proxy, args: &[String]) {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let workers = plan.workers.unwrap_or(cores);
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     println!("## pgpipe-bench");
     println!();
     println!(
-        "`pgpipe-bench {}` · {cores} cores · Linux {} · PostgreSQL {version} at {}:{} · \
+        "`pgpipe-bench {}` · {cores} cores, {workers} tokio worker(s) · Linux {} · \
+         PostgreSQL {version} at {}:{} · \
          {} s measured per cell after {} s warm-up, {} round(s), median shown · \
          proxy SCHED_FIFO: {}",
         args.join(" "),

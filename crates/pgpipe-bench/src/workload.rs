@@ -117,6 +117,14 @@ impl Workload {
         }
     }
 
+    /// Whether it needs none of the benchmark's tables and functions.
+    pub(crate) fn without_table(self) -> bool {
+        matches!(
+            self,
+            Workload::Echo | Workload::Reads | Workload::Web | Workload::HeadOfLine
+        )
+    }
+
     /// Queries per request.
     pub(crate) fn queries_per_request(self) -> u64 {
         match self {
@@ -300,7 +308,16 @@ impl TaskLog {
             }
             Err(e) => {
                 self.errors += 1;
-                self.first_error.get_or_insert_with(|| e.to_string());
+                self.first_error.get_or_insert_with(|| {
+                    // With its causes: "db error" alone says little.
+                    let mut text = e.to_string();
+                    let mut source = e.source();
+                    while let Some(cause) = source {
+                        text = format!("{text}: {cause}");
+                        source = cause.source();
+                    }
+                    text
+                });
             }
         }
     }
