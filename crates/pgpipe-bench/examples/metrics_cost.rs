@@ -16,7 +16,9 @@
 //! query's text new (a comment with its number), to count what a statement
 //! costs the first time it is seen (the guard's verdict, the statement
 //! cache's prepare), and `read` sends every query through `pool.read()`
-//! (the reads workload: read groups on the primary's read lane). It also
+//! (the reads workload: read groups on the primary's read lane), and
+//! `no-groups` turns read groups off (`pool.query`'s plain reads then keep
+//! a `Sync` each, as before they were grouped on the primary). It also
 //! prints the size of the futures `pool.query_one` and
 //! `pool.read().query_one` return. The server comes from `DATABASE_URL`.
 
@@ -31,11 +33,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let hol = third.as_deref() != Some("hol-off");
     let distinct = third.as_deref() == Some("distinct");
     let read = third.as_deref() == Some("read");
+    let groups = third.as_deref() != Some("no-groups");
     let registry = prometheus::Registry::new();
     let mut builder = pgpipe::Pool::builder()
         .url(&pgpipe_test_support::database_url())
         .max_size(1)
-        .pipelining(true);
+        .pipelining(true)
+        .read_groups(groups);
     if !hol {
         builder = builder.slow_query_threshold(None);
     }

@@ -48,7 +48,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --workloads LIST   echo,reads,web,head-of-line,writes,functions,transfers,batches,begins
   --delays-us LIST   one-way delays in microseconds (0 = direct)
   --tasks LIST       concurrent tasks, e.g. 1,64,512
-  --targets TEXT     only targets whose name contains TEXT
+  --targets LIST     only targets whose name contains one of these texts (comma-separated)
   --rates LIST       open-loop rates (requests/s) for the echo and head-of-line workloads
   --out PATH         JSON lines (default bench-results/results.jsonl; with --smoke, bench-results/smoke.jsonl)
   --chart PATH       SVG chart (default bench-results/throughput.svg)
@@ -180,8 +180,10 @@ impl Plan {
                 "--tasks" => plan.tasks = parse_list(&value()?)?,
                 "--rates" => plan.rates = parse_list(&value()?)?,
                 "--targets" => {
-                    let filter = value()?;
-                    plan.targets.retain(|k| k.name().contains(&filter));
+                    let filters = value()?;
+                    let filters: Vec<&str> = filters.split(',').collect();
+                    plan.targets
+                        .retain(|k| filters.iter().any(|f| k.name().contains(f)));
                 }
                 "--out" => {
                     plan.out = PathBuf::from(value()?);

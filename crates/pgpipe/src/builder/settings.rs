@@ -33,7 +33,7 @@ impl PoolBuilder {
         self
     }
 
-    /// Most queries in flight on one shared connection. Default: 64.
+    /// Most queries in flight on one shared connection. Default: 128.
     pub fn max_pipeline_depth(mut self, depth: usize) -> Self {
         self.config.max_pipeline_depth = depth;
         self.depth_given = true;

@@ -140,7 +140,16 @@ impl Coalescer {
                 }
                 (Req::Grouped(_), b'2' | b'D') => {}
                 (Req::Grouped(name), b'C' | b'I' | b'E') => {
-                    if kind == b'E' && self.refused_read_only(name, start, end) {
+                    let refused = kind == b'E' && self.refused_read_only(start, end);
+                    if kind == b'E' {
+                        // Whatever the error, the statement shares no more
+                        // groups on this connection: one that failed may fail
+                        // again, and each failure inside a group skips the
+                        // queries behind it (run again, but a neighbour
+                        // skipped often enough would see it).
+                        self.forget(name);
+                    }
+                    if refused {
                         // Refused only for the group's head: it runs again,
                         // with a Sync of its own.
                         out.extend_from_slice(&self.carry[copied..start]);
@@ -157,7 +166,8 @@ impl Coalescer {
                     result = Err((Confused("an unexpected message in a read group"), start));
                     break;
                 }
-                (Req::Closing(name), b'E') if self.refused_read_only(name, start, end) => {
+                (Req::Closing(name), b'E') if self.refused_read_only(start, end) => {
+                    self.forget(name);
                     out.extend_from_slice(&self.carry[copied..start]);
                     copied = end;
                     skipped_error(out);
@@ -220,17 +230,18 @@ impl Coalescer {
     }
 
     /// Whether the error at `carry[start..end]`, the answer to a grouped
-    /// request binding the statement of key `name`, is the server refusing
+    /// request, is the server refusing
     /// a write in a read-only transaction (SQLSTATE 25006) behind the
     /// rewriter's own head: without the group the statement would have
-    /// run. It is forgotten as groupable on this connection.
-    fn refused_read_only(&mut self, name: u64, start: usize, end: usize) -> bool {
-        if !self.read_only_head || sqlstate(&self.carry[start..end]) != Some(READ_ONLY) {
-            return false;
-        }
-        self.groupable
-            .retain(|statement| super::key(statement) != name);
-        true
+    /// run.
+    fn refused_read_only(&self, start: usize, end: usize) -> bool {
+        self.read_only_head && sqlstate(&self.carry[start..end]) == Some(READ_ONLY)
+    }
+
+    /// Forgets the statement of key `name` as groupable on this connection
+    /// (until it is prepared again): it keeps a Sync of its own from now on.
+    fn forget(&mut self, name: u64) {
+        self.groupable.forget(name);
     }
 }
 

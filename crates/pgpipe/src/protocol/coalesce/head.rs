@@ -3,6 +3,7 @@
 //! the look-ahead that keeps anything but a plain read out of such a group.
 
 use super::cstring;
+use super::learn::Groupable;
 
 /// The head of a group on a session that is not read-only of itself:
 /// `transaction_read_only` for the group's implicit transaction, which
@@ -46,7 +47,7 @@ pub(super) fn head(out: &mut Vec<u8>) {
 /// Whether `next` starts with one whole request that may share a group
 /// behind a read-only head: `Bind` of the unnamed portal to a statement
 /// learned groupable, `Execute` of it with no row limit, `Sync`.
-pub(super) fn plain_read(next: &[u8], groupable: &rustc_hash::FxHashSet<Box<[u8]>>) -> bool {
+pub(super) fn plain_read(next: &[u8], groupable: &Groupable) -> bool {
     /// The message of `kind` at the start of `bytes`: its body, and the rest.
     fn take(bytes: &[u8], kind: u8) -> Option<(&[u8], &[u8])> {
         let (&k, rest) = bytes.split_first()?;

@@ -1,12 +1,15 @@
 //! What the rewriter knows of a connection's named statements: whether
-//! each may share a group, learned from its `Parse`.
+//! each may share a group, learned from its `Parse`, and forgotten at its
+//! `Close` or when it fails inside a group.
+
+use rustc_hash::FxHashMap;
 
 use super::cstring;
 use crate::protocol::catalog::Catalog;
 
 /// A statement name's key: what a request in flight keeps of the statement
-/// it binds, to forget it as groupable if the server refuses it in a group
-/// (a collision forgets one more, never keeps one).
+/// it binds, to forget it as groupable when the server answers it with an
+/// error inside a group.
 pub(super) fn key(name: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = rustc_hash::FxHasher::default();
@@ -14,14 +17,47 @@ pub(super) fn key(name: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// The named statements of one connection that may share a group, by
+/// [`key`]. A name is found only if it is the one stored under its key: two
+/// names of one key keep the later, so a collision forgets a statement,
+/// never lets one in.
+#[derive(Debug, Default)]
+pub(super) struct Groupable(FxHashMap<u64, Box<[u8]>>);
+
+impl Groupable {
+    /// Whether `name` (of key `key`) may share a group.
+    pub(super) fn has(&self, key: u64, name: &[u8]) -> bool {
+        self.0.get(&key).is_some_and(|stored| **stored == *name)
+    }
+
+    pub(super) fn contains(&self, name: &[u8]) -> bool {
+        self.has(key(name), name)
+    }
+
+    pub(super) fn insert(&mut self, name: &[u8]) {
+        if self.0.len() >= MAX_NAMES {
+            self.0.clear();
+        }
+        self.0.insert(key(name), name.into());
+    }
+
+    pub(super) fn remove(&mut self, name: &[u8]) {
+        self.forget(key(name));
+    }
+
+    /// Forgets the statement of key `key`.
+    pub(super) fn forget(&mut self, key: u64) {
+        self.0.remove(&key);
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 /// Notes a named statement's SQL, from its `Parse` body; `reads`: it must
 /// also plainly only read (see [`reads_only`](crate::protocol::sql_guard::reads_only)).
-pub(super) fn learn(
-    groupable: &mut rustc_hash::FxHashSet<Box<[u8]>>,
-    catalog: &Catalog,
-    body: &[u8],
-    reads: bool,
-) {
+pub(super) fn learn(groupable: &mut Groupable, catalog: &Catalog, body: &[u8], reads: bool) {
     let Some((name, rest)) = cstring(body) else {
         return;
     };
@@ -34,10 +70,7 @@ pub(super) fn learn(
                 && (!reads || crate::protocol::sql_guard::reads_only(sql))
         });
     if shares {
-        if groupable.len() >= MAX_NAMES {
-            groupable.clear();
-        }
-        groupable.insert(name.into());
+        groupable.insert(name);
     } else {
         groupable.remove(name);
     }

@@ -47,7 +47,7 @@ use super::catalog::Catalog;
 use super::framer::{Answers, Framer, Phase, Writes};
 use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
 use head::{head, plain_read, prepare_head};
-use learn::{key, learn};
+use learn::{Groupable, key, learn};
 
 /// Most queries under one Sync: one failure skips the rest of its group,
 /// and skipped queries run again, so a group stays small enough that a
@@ -162,7 +162,7 @@ pub(crate) struct Coalescer {
     /// Named statements prepared on this connection whose SQL may share a
     /// group ([`groupable`](super::sql_guard::groupable)), learned from
     /// their `Parse` and forgotten at their `Close`.
-    groupable: rustc_hash::FxHashSet<Box<[u8]>>,
+    groupable: Groupable,
     /// What the database's catalog says reaches user code, and its
     /// generation: when it changes, what was learned from it is forgotten
     /// (those statements keep a `Sync` of their own from then on).
@@ -195,7 +195,7 @@ impl Default for Coalescer {
             request_start: 0,
             skipping: false,
             group: 0,
-            groupable: rustc_hash::FxHashSet::default(),
+            groupable: Groupable::default(),
             catalog: Default::default(),
             carry: Vec::new(),
             emitted: 0,
@@ -282,12 +282,12 @@ impl Coalescer {
                 (Building::Empty, b'B') => match cstring(message.prefix) {
                     Some((b"", rest)) => {
                         let statement = rest.iter().position(|&b| b == 0).map(|n| &rest[..n]);
-                        match statement.filter(|name| self.groupable.contains(*name)) {
-                            Some(name) => {
-                                self.bound = key(name);
+                        match statement.map(|name| (key(name), name)) {
+                            Some((key, name)) if self.groupable.has(key, name) => {
+                                self.bound = key;
                                 Building::Bound
                             }
-                            None => Building::Other,
+                            _ => Building::Other,
                         }
                     }
                     _ => Building::Other,
