@@ -28,6 +28,10 @@ pub(super) struct Groups {
     in_pos: usize,
     /// The rewriter lost step: returned once what came before is read.
     failed: Option<Confused>,
+    /// What the socket gives, before the rewrite: zeroed once, at the
+    /// first read that needs it, not at every read (a fresh zeroed buffer
+    /// per read cost 16 KB of `memset`, 2,000 instructions per query).
+    chunk: Vec<u8>,
 }
 
 impl Groups {
@@ -128,21 +132,31 @@ impl<S: AsyncRead + Unpin> TappedStream<S> {
                 this.observe_read(&buf.filled()[before..]);
                 return Poll::Ready(Ok(()));
             }
-            let mut chunk = [0u8; READ_CHUNK];
-            let mut read = ReadBuf::new(&mut chunk);
+            if groups.chunk.is_empty() {
+                groups.chunk = vec![0; READ_CHUNK];
+            }
+            let mut read = ReadBuf::new(&mut groups.chunk);
             std::task::ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
-            if read.filled().is_empty() {
+            let got = read.filled().len();
+            if got == 0 {
                 return Poll::Ready(Ok(())); // end of stream
             }
             // Bytes arrived: progress, for the stall watchdog, even while a
             // large message is still being gathered.
             let now = this.pool.ticks();
             this.state.counts.progressed(now);
-            let groups = this.groups.as_mut().expect("grouping");
-            groups.input.clear();
-            groups.in_pos = 0;
-            if let Err(confused) = groups.rewriter.inbound(read.filled(), &mut groups.input) {
-                groups.failed = Some(confused);
+            let Groups {
+                rewriter,
+                input,
+                in_pos,
+                failed,
+                chunk,
+                ..
+            } = &mut **this.groups.as_mut().expect("grouping");
+            input.clear();
+            *in_pos = 0;
+            if let Err(confused) = rewriter.inbound(&chunk[..got], input) {
+                *failed = Some(confused);
             }
         }
     }
