@@ -19,10 +19,12 @@ use pgpipe_proxy::Proxy;
 use pgpipe_test_support::with_param;
 use serde::{Deserialize, Serialize};
 
+use crate::Server;
+use crate::measure::{self, Window};
+use crate::plan::Plan;
 use crate::sysstat::Cpu;
 use crate::targets::{BoxError, Kind, Target};
-use crate::workload::{self, Window, Workload};
-use crate::{Plan, Server};
+use crate::workload::{self, Workload};
 
 /// The pools a fleet compares, each per process.
 pub(crate) const TARGETS: [Kind; 3] = [Kind::PgpipeOn(4), Kind::Deadpool(16), Kind::SharedClient];
@@ -235,8 +237,8 @@ impl Cell {
             tasks_per_process: self.tasks,
             round: self.round,
             queries_per_sec: queries as f64 / seconds,
-            p50_ms: workload::quantile_ms(&merged.latencies, 0.50),
-            p99_ms: workload::quantile_ms(&merged.latencies, 0.99),
+            p50_ms: measure::quantile_ms(&merged.latencies, 0.50),
+            p99_ms: measure::quantile_ms(&merged.latencies, 0.99),
             backends: backends as u64,
             server_cpu_us_per_query: per_query(cpu.server.as_secs_f64() * 1e6),
             client_cpu_us_per_query: per_query(merged.client_cpu_us as f64),

@@ -16,7 +16,7 @@ use pgpipe::Pool;
 use pgpipe_proxy::Proxy;
 use pgpipe_test_support::ReplicaSet;
 
-use crate::Plan;
+use crate::plan::Plan;
 
 /// What one cell measured.
 struct Reads {

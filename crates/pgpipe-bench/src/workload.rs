@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::measure::{Answer, Measured, TaskLog, Window, merge};
 use crate::targets::{BoxError, Target, TxVia};
 
 /// One kind of request.
@@ -170,13 +171,6 @@ fn is_transaction_task(workload: Workload, task: u64) -> bool {
     workload.has_transaction_tasks() && task % 10 == 0
 }
 
-/// What one request did.
-#[derive(Debug, Default, Clone, Copy)]
-struct Answer {
-    mismatches: u64,
-    slow: bool,
-}
-
 /// Sends request number `n` of task `task`, checking every answer.
 async fn request(
     target: &Target,
@@ -250,94 +244,6 @@ async fn request(
         }
     }
     Ok(answer)
-}
-
-/// What a run measured.
-#[derive(Debug, Default)]
-pub(crate) struct Measured {
-    /// Requests started inside the window and answered.
-    pub(crate) requests: u64,
-    pub(crate) mismatches: u64,
-    pub(crate) errors: u64,
-    pub(crate) first_error: Option<String>,
-    /// Request latencies in microseconds (fast requests only for
-    /// head-of-line), sorted.
-    pub(crate) latencies: Vec<u32>,
-    /// Slow requests' latencies (head-of-line), sorted.
-    pub(crate) slow_latencies: Vec<u32>,
-    /// Open loop: requests dropped because too many were outstanding.
-    pub(crate) dropped: u64,
-}
-
-/// When a run measures.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Window {
-    pub(crate) from: Instant,
-    pub(crate) until: Instant,
-}
-
-impl Window {
-    fn contains(&self, t: Instant) -> bool {
-        t >= self.from && t < self.until
-    }
-}
-
-/// Per-task results, merged at the end (no shared lock on the hot path).
-#[derive(Debug, Default)]
-struct TaskLog {
-    requests: u64,
-    mismatches: u64,
-    errors: u64,
-    first_error: Option<String>,
-    fast: Vec<u32>,
-    slow: Vec<u32>,
-}
-
-impl TaskLog {
-    fn record(&mut self, started: Instant, result: Result<Answer, BoxError>) {
-        let micros = started.elapsed().as_micros().min(u128::from(u32::MAX)) as u32;
-        match result {
-            Ok(answer) => {
-                self.requests += 1;
-                self.mismatches += answer.mismatches;
-                if answer.slow {
-                    self.slow.push(micros);
-                } else {
-                    self.fast.push(micros);
-                }
-            }
-            Err(e) => {
-                self.errors += 1;
-                self.first_error.get_or_insert_with(|| {
-                    // With its causes: "db error" alone says little.
-                    let mut text = e.to_string();
-                    let mut source = e.source();
-                    while let Some(cause) = source {
-                        text = format!("{text}: {cause}");
-                        source = cause.source();
-                    }
-                    text
-                });
-            }
-        }
-    }
-}
-
-fn merge(logs: Vec<TaskLog>) -> Measured {
-    let mut measured = Measured::default();
-    for log in logs {
-        measured.requests += log.requests;
-        measured.mismatches += log.mismatches;
-        measured.errors += log.errors;
-        if measured.first_error.is_none() {
-            measured.first_error = log.first_error;
-        }
-        measured.latencies.extend(log.fast);
-        measured.slow_latencies.extend(log.slow);
-    }
-    measured.latencies.sort_unstable();
-    measured.slow_latencies.sort_unstable();
-    measured
 }
 
 /// `tasks` tasks, each sending requests back to back until the window
@@ -450,21 +356,4 @@ pub(crate) async fn open_loop(
     let mut measured = merge(logs);
     measured.dropped = dropped;
     measured
-}
-
-/// The mean of microsecond samples, in milliseconds.
-pub(crate) fn mean_ms(samples: &[u32]) -> f64 {
-    if samples.is_empty() {
-        return f64::NAN;
-    }
-    samples.iter().map(|&s| f64::from(s)).sum::<f64>() / samples.len() as f64 / 1000.0
-}
-
-/// The `q`-quantile of sorted microsecond samples, in milliseconds.
-pub(crate) fn quantile_ms(sorted: &[u32], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    f64::from(sorted[rank.min(sorted.len() - 1)]) / 1000.0
 }
