@@ -39,8 +39,7 @@ async fn sweep(running: Running) {
             return;
         };
         let deadlines = Arc::clone(&router.deadlines);
-        let woken = deadlines.notified();
-        tokio::pin!(woken);
+        let mut woken = std::pin::pin!(deadlines.notified());
         // Registered before looking, so that a waiter joining after the
         // look wakes it.
         woken.as_mut().enable();
@@ -49,12 +48,8 @@ async fn sweep(running: Running) {
         });
         drop(router);
         match next {
-            Some(at) => {
-                tokio::select! {
-                    () = tokio::time::sleep_until(at) => {}
-                    () = &mut woken => {}
-                }
-            }
+            // Until the deadline, or a wake-up, whichever comes first.
+            Some(at) => drop(tokio::time::timeout_at(at, &mut woken).await),
             None => woken.await,
         }
     }
