@@ -61,8 +61,9 @@ async fn a_changed_table_is_healed_with_one_prepare_per_connection() {
         .await
         .unwrap();
     let proxy = proxy(Duration::ZERO);
+    let app = app("heal");
     let pool = Arc::new(
-        builder_via(&proxy, &app("heal"))
+        builder_via(&proxy, &app)
             .max_size(2)
             .max_exclusive(1)
             .pipelining(true)
@@ -89,9 +90,28 @@ async fn a_changed_table_is_healed_with_one_prepare_per_connection() {
     };
     storm(Arc::clone(&pool), 1).await;
     settle(&pool).await;
+    // A connection the first storm asked for may still be opening (and
+    // preparing the read groups' head as it does): wait until every server
+    // backend of the pool is a connection the pool holds.
+    let count_backends = || async {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0) as usize
+    };
+    for _ in 0..200 {
+        if pool.status().size >= count_backends().await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let connections = pool.status().shared as u64;
     assert!(connections >= 1);
-    let parses_before = proxy.stats().upstream.parses;
+    let (parses_before, opened_before) = (proxy.stats().upstream.parses, proxy.stats().connections);
 
     admin
         .batch_execute(&format!("ALTER TABLE {table} ADD COLUMN b int8 DEFAULT 7"))
@@ -99,10 +119,21 @@ async fn a_changed_table_is_healed_with_one_prepare_per_connection() {
         .unwrap();
     storm(Arc::clone(&pool), 2).await;
 
-    let reprepares = proxy.stats().upstream.parses - parses_before;
+    // Each of the pool's connections prepares the statement at most once
+    // more: again, or for the first time where the first storm never
+    // reached it (under `Routing::Fill` a connection may be open and yet
+    // unused, so the shared path's count says too little; the server's
+    // does not). One opened meanwhile would also prepare the read groups'
+    // head, a `Parse` of the pool's own.
+    let stats = proxy.stats();
+    let (reprepares, opened) = (
+        stats.upstream.parses - parses_before,
+        stats.connections - opened_before,
+    );
+    let connections = connections.max(count_backends().await as u64);
     assert!(
-        reprepares <= connections,
-        "{reprepares} re-prepares on {connections} connections"
+        reprepares <= connections + opened,
+        "{reprepares} prepares on {connections} connections, {opened} opened meanwhile"
     );
     admin
         .batch_execute(&format!("DROP TABLE {table}"))

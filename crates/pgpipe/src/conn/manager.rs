@@ -96,6 +96,16 @@ impl Manager {
         state.counts.progressed(now);
         state.life.returned(now);
         connect::check_session_attrs(&self.config, &client).await?;
+        if self.read_groups == Grouping::ReadOnlyHead {
+            // The tap prepares the read groups' head before a connection's
+            // first request: make that part of opening it (an empty query
+            // carries it), not of the first query, so a connection is ready
+            // in full before anyone uses it.
+            client
+                .batch_execute("")
+                .await
+                .map_err(|e| Error::connect(e).at("preparing the read groups' head"))?;
+        }
         if let Some(sql) = &self.after_connect {
             client
                 .batch_execute(sql)
