@@ -92,9 +92,10 @@ pub struct PoolConfig {
     /// track a pipeline). With [`Routing::Fill`] it is also the load at which another
     /// connection is opened.
     ///
-    /// Default: 128, chosen by measurement (docs/benchmarks.md, #25): at 512
-    /// tasks on 4 connections it gave 1.20× the throughput of 64 at loopback
-    /// and 1.14× at 1 ms, with head-of-line latency unchanged.
+    /// Default: 128, chosen by measurement (docs/benchmarks.md, #25: eight
+    /// paired rounds against 64): at 512 tasks on 4 connections, 1.26× the
+    /// throughput at a 1 ms round trip and the same at loopback (where the
+    /// p99 rose from 4.4 to 6.1 ms), head-of-line latency unchanged.
     pub max_pipeline_depth: usize,
     /// How pipelined queries are spread over connections.
     ///

@@ -18,6 +18,14 @@ use super::Router;
 use crate::error::Error;
 
 impl Router {
+    /// Fails the waiters whose deadline has passed, as a wait past
+    /// `wait_timeout` always has; the oldest deadline still to come.
+    pub(super) fn expire_waiters(&self) -> Option<Instant> {
+        self.queue.expire(Instant::now(), || {
+            Error::timeout("room on a shared connection")
+        })
+    }
+
     /// Makes sure the deadlines' timer runs (on the caller's runtime), and
     /// wakes it if `first`: a waiter joined a queue that had none, so the
     /// timer has a deadline to wait for again.
@@ -43,9 +51,7 @@ async fn sweep(running: Running) {
         // Registered before looking, so that a waiter joining after the
         // look wakes it.
         woken.as_mut().enable();
-        let next = router.queue.expire(Instant::now(), || {
-            Error::timeout("room on a shared connection")
-        });
+        let next = router.expire_waiters();
         drop(router);
         match next {
             // Until the deadline, or a wake-up, whichever comes first.

@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::{Router, SharedConn};
 use crate::conn::run::Late;
 use crate::conn::{ConnState, PgConn};
-use crate::error::Error;
 use crate::metrics::CloseReason;
 
 /// A shared connection with nothing in flight for this many ticks goes back
@@ -39,9 +38,7 @@ impl Router {
         self.dispatch();
         // Waiters' deadlines have a timer of their own (`deadlines`); this
         // is its safety net, should its task have ended with a runtime.
-        self.queue.expire(tokio::time::Instant::now(), || {
-            Error::timeout("room on a shared connection")
-        });
+        self.expire_waiters();
         if self.queue.len() > 0 {
             self.watch_deadlines(false);
         }

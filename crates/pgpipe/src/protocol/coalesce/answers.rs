@@ -147,7 +147,7 @@ impl Coalescer {
                         // again, and each failure inside a group skips the
                         // queries behind it (run again, but a neighbour
                         // skipped often enough would see it).
-                        self.forget(name);
+                        self.groupable.forget(name);
                     }
                     if refused {
                         // Refused only for the group's head: it runs again,
@@ -167,7 +167,7 @@ impl Coalescer {
                     break;
                 }
                 (Req::Closing(name), b'E') if self.refused_read_only(start, end) => {
-                    self.forget(name);
+                    self.groupable.forget(name);
                     out.extend_from_slice(&self.carry[copied..start]);
                     copied = end;
                     skipped_error(out);
@@ -236,12 +236,6 @@ impl Coalescer {
     /// run.
     fn refused_read_only(&self, start: usize, end: usize) -> bool {
         self.read_only_head && sqlstate(&self.carry[start..end]) == Some(READ_ONLY)
-    }
-
-    /// Forgets the statement of key `name` as groupable on this connection
-    /// (until it is prepared again): it keeps a Sync of its own from now on.
-    fn forget(&mut self, name: u64) {
-        self.groupable.forget(name);
     }
 }
 

@@ -14,7 +14,7 @@ const HEAD_SQL: &[u8] = b"SELECT set_config('transaction_read_only', 'on', true)
 /// The name the head is prepared under, once per connection (see
 /// [`prepare_head`]): a protocol-level statement, so the session cleanup,
 /// which deallocates only those prepared by SQL, keeps it.
-pub(super) const HEAD_NAME: &[u8] = b"pgpipe_read_only_head";
+const HEAD_NAME: &[u8] = b"pgpipe_read_only_head";
 
 /// `Parse` of [`HEAD_SQL`] as [`HEAD_NAME`], and a `Sync` of its own: written
 /// before a connection's first request, its answer taken.
