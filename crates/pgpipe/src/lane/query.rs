@@ -116,18 +116,35 @@ async fn run_unobserved(
     }
     housekeeping::start(pool);
     if !pool.wire().catalog_tried() {
-        crate::lane::catalog::ready(pool).await;
+        // Once per lane: boxed, so that its future does not size every
+        // query's (see `run_alone_counted`).
+        Box::pin(crate::lane::catalog::ready(pool)).await;
         code = pool.wire().check(sql)?;
     }
     let clean = needs_cleanup(pool, code);
     if !pool.config().pipelining {
-        let conn = pool.checkout(Holder::Pool).await;
-        pool.waited(watch.waiting);
-        let conn = conn?;
-        let target = conn.pg_conn().target();
-        return run::run_alone(target, sql, params, op, pool.run_settings(), clean).await;
+        return Box::pin(run_alone_counted(pool, sql, params, op, clean, watch)).await;
     }
     run_shared(pool, sql, params, op, slow, clean, watch).await
+}
+
+/// A query on a connection of its own (pipelining off). Boxed by its
+/// caller: the query future is moved through every layer above it, and
+/// carrying the checkout's and this path's state inline made the pipelined
+/// query's future larger for a path a pool either always or never takes.
+async fn run_alone_counted(
+    pool: &Arc<Lane>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    clean: bool,
+    watch: Watch<'_>,
+) -> Result<Answer, Error> {
+    let conn = pool.checkout(Holder::Pool).await;
+    pool.waited(watch.waiting);
+    let conn = conn?;
+    let target = conn.pg_conn().target();
+    run::run_alone(target, sql, params, op, pool.run_settings(), clean).await
 }
 
 /// Runs SQL of the pool's own that reads only the catalog with built-in
