@@ -198,13 +198,14 @@ async fn run_shared(
     let mut retries = Retries::default();
     loop {
         let place = router.reserve(cost.is_slow()).await;
+        // One clock read ends the wait and starts the run's cost.
+        let admitted = (waiting.is_some() || cost.learns()).then(Instant::now);
         if retries.none_unsent() {
             // Failed waits too: they are the longest.
-            pool.waited(waiting);
+            pool.waited_until(waiting, admitted);
         }
         let place = place?;
         trace.admitted(place.ahead, waiting);
-        let admitted = cost.clock();
         router.batch_window(&place).await;
         let conn = &place.conn;
         let prepare = Prepare::Spawned(conn);
@@ -256,9 +257,9 @@ impl Cost {
         self.0.is_some_and(|(_, slow)| slow)
     }
 
-    /// When the query was admitted, if its cost is to be learned.
-    fn clock(self) -> Option<Instant> {
-        self.0.map(|_| Instant::now())
+    /// Whether the query's cost is to be learned.
+    fn learns(self) -> bool {
+        self.0.is_some()
     }
 
     /// Records the run, from admission to answer.
