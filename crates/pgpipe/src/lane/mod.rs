@@ -301,7 +301,7 @@ impl Lane {
         if let (Some(metrics), Some(since)) = (&self.metrics, since) {
             let now = now.unwrap_or_else(Instant::now);
             let waited = now.saturating_duration_since(since);
-            metrics.connection_wait.observe(waited.as_secs_f64());
+            metrics.connection_wait.observe_duration(waited);
         }
     }
 
