@@ -37,6 +37,7 @@ mod storm;
 mod support;
 mod timeouts;
 mod tls;
+mod tls_modes;
 mod truthful;
 mod unnamed;
 mod wire_batching;

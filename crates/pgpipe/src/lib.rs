@@ -56,6 +56,7 @@ pub use answer::Answer;
 pub use batch::{Batch, BatchResults};
 pub use builder::PoolBuilder;
 pub use config::{PoolConfig, Routing, SessionCleanup};
+pub use conn::tls::TlsSocket;
 pub use error::{Error, ErrorKind};
 pub use exclusive::{Connection, OwnedTransaction, Transaction};
 pub use executor::Executor;
