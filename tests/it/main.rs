@@ -38,6 +38,7 @@ mod support;
 mod timeouts;
 mod tls;
 mod tls_modes;
+mod transaction_modes;
 mod truthful;
 mod unnamed;
 mod wire_batching;

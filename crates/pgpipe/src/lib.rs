@@ -58,7 +58,9 @@ pub use builder::PoolBuilder;
 pub use config::{PoolConfig, Routing, SessionCleanup};
 pub use conn::tls::TlsSocket;
 pub use error::{Error, ErrorKind};
-pub use exclusive::{Connection, OwnedTransaction, Transaction};
+pub use exclusive::{
+    Connection, OwnedTransaction, Transaction, TransactionBuilder, TransactionOptions,
+};
 pub use executor::Executor;
 pub use pool::Pool;
 pub use pooler::{Pooler, Prepare};
@@ -66,6 +68,7 @@ pub use routed::Routed;
 pub use slow::Slow;
 pub use status::Status;
 pub use target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
+pub use tokio_postgres::IsolationLevel;
 
 /// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
 /// match the ones pgpipe was built with.

@@ -8,6 +8,7 @@ use deadpool::managed::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Notification, Statement};
 
+use super::options::{TransactionBuilder, TransactionOptions};
 use super::transaction::Parts;
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
@@ -77,6 +78,39 @@ impl Connection {
     ///
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
+        self.transaction_with(TransactionOptions::new()).await
+    }
+
+    /// A transaction with an isolation level, read-only or deferrable, as
+    /// tokio-postgres' builder of the same name, started with
+    /// [`start`](TransactionBuilder::start): pgpipe's [`Transaction`], with
+    /// this connection's statement cache and the pool's metrics.
+    ///
+    /// ```no_run
+    /// use pgpipe::{Executor, IsolationLevel};
+    ///
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let mut conn = pool.get().await?;
+    /// let tx = conn
+    ///     .build_transaction()
+    ///     .isolation_level(IsolationLevel::RepeatableRead)
+    ///     .start()
+    ///     .await?;
+    /// let total: i64 = tx.query_one("SELECT count(*) FROM orders", &[]).await?.get(0);
+    /// tx.commit().await?;
+    /// # let _ = total;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn build_transaction(&mut self) -> TransactionBuilder<'_> {
+        TransactionBuilder::new(self)
+    }
+
+    /// Starts a transaction with `options`.
+    pub(super) async fn transaction_with(
+        &mut self,
+        options: TransactionOptions,
+    ) -> Result<Transaction<'_>, Error> {
         // `client.transaction()` needs the client mutably while the cache,
         // the state and the peer stay borrowed: split the borrow.
         let PgConn {
@@ -87,7 +121,7 @@ impl Connection {
             peer,
             ..
         } = &mut *self.object;
-        let inner = client.transaction().await?;
+        let inner = options.apply(client.build_transaction()).start().await?;
         let parts = Parts {
             cache,
             descriptions: descriptions.as_ref(),

@@ -14,6 +14,7 @@
 //! lets the router use the connection again ([`Router::dispatch`]).
 
 mod connection;
+mod options;
 mod owned;
 mod transaction;
 
@@ -26,6 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 pub use connection::Connection;
+pub use options::{TransactionBuilder, TransactionOptions};
 pub(crate) use owned::NotBegun;
 pub use owned::OwnedTransaction;
 pub use transaction::Transaction;
