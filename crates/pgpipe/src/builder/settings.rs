@@ -200,6 +200,14 @@ impl PoolBuilder {
         self
     }
 
+    /// With the `tracing` feature, logs a query that takes at least
+    /// `threshold` as a `warn` event (target `pgpipe::slow`); `None` logs
+    /// none. See [`PoolConfig::log_slow_statements`]. Default: 1 s.
+    pub fn log_slow_statements(mut self, threshold: impl Into<Option<Duration>>) -> Self {
+        self.config.log_slow_statements = threshold.into();
+        self
+    }
+
     /// When a shared session is cleaned behind a query: see
     /// [`PoolConfig::session_cleanup`] and [`SessionCleanup`]. Default:
     /// behind code the guard cannot read.

@@ -43,6 +43,9 @@ fn span(pool: &Lane, sql: &str, slow: bool) -> tracing::Span {
         pgpipe.slow = slow,
         pgpipe.ahead = tracing::field::Empty,
         pgpipe.queued_us = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        db.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     )
 }
 
@@ -65,7 +68,25 @@ pub(crate) async fn run(
     let trace = Trace::new(&span);
     #[cfg(not(feature = "tracing"))]
     let trace = Trace::new();
-    observed(pool, sql, params, op, slow, trace).await
+    #[cfg(feature = "tracing")]
+    let started = pool
+        .config()
+        .log_slow_statements
+        .map(|at| (at, Instant::now()));
+    let result = observed(pool, sql, params, op, slow, trace).await;
+    #[cfg(feature = "tracing")]
+    {
+        if let Err(error) = &result {
+            trace.failed(error);
+        }
+        if let Some((at, started)) = started {
+            let took = started.elapsed();
+            if took >= at {
+                trace.slow(sql, took, result.is_ok());
+            }
+        }
+    }
+    result
 }
 
 /// [`run`], counted in the metrics.
