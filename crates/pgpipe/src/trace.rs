@@ -72,9 +72,8 @@ impl<'a> Trace<'a> {
     /// conventions name it (`error.type`: the SQLSTATE, or the error's
     /// kind when the server sent none; `db.response.status_code`: the
     /// SQLSTATE) and `otel.status_code = "ERROR"`.
-    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    #[cfg(feature = "tracing")]
     pub(crate) fn failed(&self, error: &crate::error::Error) {
-        #[cfg(feature = "tracing")]
         {
             let kind = format!("{:?}", error.kind());
             match error.code() {
@@ -91,9 +90,8 @@ impl<'a> Trace<'a> {
     }
 
     /// It took `took`, past the pool's `log_slow_statements`.
-    #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+    #[cfg(feature = "tracing")]
     pub(crate) fn slow(&self, sql: &str, took: std::time::Duration, ok: bool) {
-        #[cfg(feature = "tracing")]
         tracing::warn!(
             target: "pgpipe::slow",
             parent: self.span,
