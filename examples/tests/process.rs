@@ -361,3 +361,55 @@ async fn rust_log_shows_pgpipes_spans_with_their_fields() {
     assert!(log.contains("pgpipe.checkout{pgpipe.pool=bank}"), "{log}");
     service.drop_schema().await;
 }
+
+/// The value of the series `name{labels}` in a scrape.
+fn series(scrape: &str, name: &str, labels: &str) -> f64 {
+    scrape
+        .lines()
+        .find(|line| line.starts_with(name) && line.contains(labels))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_generator_moves_the_metrics_and_stops_on_sigterm() {
+    let mut service = Service::start(&[("SHUTDOWN_DELAY", "0")]).await;
+    let mut load = Command::new(env!("CARGO_BIN_EXE_load-generator"))
+        .env("TARGET", service.addr.to_string())
+        .env("CONCURRENCY", "8")
+        .env("REPORT", "1")
+        .env_remove("DURATION")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Log::default();
+    log.follow(load.stdout.take().unwrap());
+    log.follow(load.stderr.take().unwrap());
+    let report = log
+        .wait_for("200 ", &mut load, Duration::from_secs(10))
+        .await;
+    log.wait_for("201 ", &mut load, Duration::from_secs(10))
+        .await;
+    assert!(!report.contains("no connection"), "{report}");
+
+    let (status, scrape) = call(service.addr, Method::GET, "/metrics", "").await;
+    assert_eq!(status, StatusCode::OK);
+    let ok = series(
+        &scrape,
+        "pgpipe_queries_total",
+        r#"mode="pipelined",outcome="ok",pool="bank""#,
+    );
+    assert!(ok >= 100.0, "{ok} pipelined queries:\n{scrape}");
+
+    kill(&load, "TERM");
+    let status = exit(&mut load, Duration::from_secs(3), &log).await;
+    assert_eq!(status.code(), Some(0), "{}", log.text());
+    assert!(log.text().contains("SIGTERM: stopping"), "{}", log.text());
+
+    kill(&service.child, "TERM");
+    let status = exit(&mut service.child, Duration::from_secs(10), &service.log).await;
+    assert_eq!(status.code(), Some(0), "{}", service.log.text());
+    service.drop_schema().await;
+}
