@@ -169,20 +169,23 @@ impl Service {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-
-    async fn drop_schema(&self) {
-        admin()
-            .await
-            .batch_execute(&format!("DROP SCHEMA {} CASCADE", self.schema))
-            .await
-            .unwrap();
-    }
 }
 
+/// Kills the service if it still runs, and drops its schema, also when the
+/// test failed (on a runtime of its own: the test's may be unwinding).
 impl Drop for Service {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let drop_schema = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema);
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async { admin().await.batch_execute(&drop_schema).await })
+        })
+        .join();
     }
 }
 
@@ -309,7 +312,6 @@ async fn sigterm_drains_the_requests_in_flight_then_exits_0_with_its_connections
         .unwrap()
         .get(0);
     assert_eq!(balance, 95, "the drained transfer committed");
-    service.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,7 +331,6 @@ async fn ctrl_c_stops_without_the_delay_and_logs_no_spans_by_default() {
         "a line per query by default:\n{log}"
     );
     service.wait_no_backends().await;
-    service.drop_schema().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,7 +360,6 @@ async fn rust_log_shows_pgpipes_spans_with_their_fields() {
     }
     // The schema's set-up, on a connection of its own.
     assert!(log.contains("pgpipe.checkout{pgpipe.pool=bank}"), "{log}");
-    service.drop_schema().await;
 }
 
 /// The value of the series `name{labels}` in a scrape.
@@ -411,5 +411,4 @@ async fn the_load_generator_moves_the_metrics_and_stops_on_sigterm() {
     kill(&service.child, "TERM");
     let status = exit(&mut service.child, Duration::from_secs(10), &service.log).await;
     assert_eq!(status.code(), Some(0), "{}", service.log.text());
-    service.drop_schema().await;
 }
