@@ -32,7 +32,15 @@ async fn modes_reach_the_server_and_end_with_their_transaction() {
         .build()
         .unwrap();
 
-    // pool.begin_options: the BEGIN names the modes.
+    // pool.begin_options: the BEGIN names the modes. Its statements are
+    // counted as the checkout's are.
+    let exclusive_ok = || {
+        Scrape::of(&registry).value(
+            "pgpipe_queries_total",
+            &[("mode", "exclusive"), ("outcome", "ok")],
+        )
+    };
+    let counted = exclusive_ok();
     let tx = pool
         .begin_options(
             TransactionOptions::new()
@@ -43,6 +51,7 @@ async fn modes_reach_the_server_and_end_with_their_transaction() {
         .await
         .unwrap();
     assert_eq!(modes(&tx).await, strings(["serializable", "on", "on"]));
+    assert!(exclusive_ok() > counted, "begin()'s statements are counted");
     let e = tx
         .execute("CREATE TEMP TABLE tx_modes_write (x int)", &[])
         .await
