@@ -11,6 +11,7 @@ use tokio_postgres::{Client, Notification, Statement};
 use super::transaction::Parts;
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
+use crate::conn::notifications::Notifications;
 use crate::conn::run::{self, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
@@ -210,6 +211,11 @@ impl Connection {
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
         run::named_statement(self.object.target(), sql).await
+    }
+
+    /// What `LISTEN` brought in on it, for a [`Listener`](crate::Listener).
+    pub(crate) fn notifications(&self) -> &Notifications {
+        &self.object.notifications
     }
 
     /// The pooled connection underneath.
