@@ -90,6 +90,19 @@ async fn listener_pid(admin: &Client, app: &str) -> i32 {
     rows[0].get(0)
 }
 
+/// What this pool's one backend ran last.
+async fn last_query(admin: &Client, app: &str) -> String {
+    let rows = admin
+        .query(
+            "SELECT query FROM pg_stat_activity WHERE application_name = $1",
+            &[&app],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "one backend");
+    rows[0].get(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_backend_is_replaced_its_listens_sent_again_and_the_gap_reported() {
     let app = app("listen_kill");
@@ -134,7 +147,8 @@ async fn a_terminated_backend_is_replaced_its_listens_sent_again_and_the_gap_rep
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlisten_stops_delivery_even_of_what_already_waits() {
-    let pool = pool(&app("unlisten"));
+    let app = app("unlisten");
+    let pool = pool(&app);
     let (gone, kept) = (unique("unlisten_gone"), unique("unlisten_kept"));
     let admin = admin().await;
     let mut listener = pool.listener();
@@ -146,6 +160,11 @@ async fn unlisten_stops_delivery_even_of_what_already_waits() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     listener.unlisten(&gone).await.unwrap();
     assert_eq!(listener.channels().collect::<Vec<_>>(), [kept.as_str()]);
+    // And on the server: the listener's backend ran the UNLISTEN last.
+    assert_eq!(
+        last_query(&admin, &app).await,
+        format!("UNLISTEN \"{gone}\"")
+    );
     notify(&admin, &gone, "late").await;
     notify(&admin, &kept, "late").await;
     for payload in ["early", "late"] {
@@ -155,9 +174,8 @@ async fn unlisten_stops_delivery_even_of_what_already_waits() {
         );
     }
     assert_quiet(&mut listener).await;
-    // Unlistened on the server too: a new connection would not matter here,
-    // the old one must have stopped.
     listener.unlisten_all().await.unwrap();
+    assert_eq!(last_query(&admin, &app).await, "UNLISTEN *");
     notify(&admin, &kept, "none").await;
     assert_quiet(&mut listener).await;
 }

@@ -38,9 +38,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let distinct = third.as_deref() == Some("distinct");
     let read = third.as_deref() == Some("read");
     let groups = third.as_deref() != Some("no-groups");
-    let env = |name: &str, default: i64| {
-        std::env::var(name).map_or(Ok(default), |v| v.parse::<i64>())
-    };
+    let env =
+        |name: &str, default: i64| std::env::var(name).map_or(Ok(default), |v| v.parse::<i64>());
     let tasks = env("METRICS_COST_TASKS", 8)?;
     let conns = env("METRICS_COST_CONNS", 1)?;
     let registry = prometheus::Registry::new();
