@@ -1,7 +1,8 @@
 //! `pool.listener()`: notifications arrive; a terminated backend is
 //! replaced, every `LISTEN` sent again and the gap reported; `unlisten`
 //! stops delivery; hostile channel names stay one channel; a slow consumer
-//! is told what it lost.
+//! is told what it lost; a cut network is a gap too, and a reconnection
+//! that fails is tried again at the next `recv`.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use pgpipe::{Event, Gap, Listener, Pool};
 use pgpipe_test_support::{admin, unique};
 use tokio_postgres::Client;
 
-use crate::support::{app, builder};
+use crate::support::{app, builder, builder_via, proxy, server_addr};
 
 /// Long enough for anything on a loaded test machine, short enough that a
 /// listener that would wait forever fails the test.
@@ -258,5 +259,46 @@ async fn closing_the_pool_ends_recv_and_gives_the_connection_back() {
     assert_eq!(
         listener.recv().await.unwrap_err().kind(),
         pgpipe::ErrorKind::Closed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_network_is_a_gap_and_a_failed_reconnect_is_tried_again() {
+    let proxy = proxy(Duration::ZERO);
+    let pool = builder_via(&proxy, &app("listen_cut"))
+        .max_size(3)
+        .build()
+        .unwrap();
+    let channel = unique("listen_cut");
+    let admin = admin().await;
+    let mut listener = pool.listener();
+    listener.listen(&channel).await.unwrap();
+    notify(&admin, &channel, "before").await;
+    assert_eq!(next_notification(&mut listener).await.1, "before");
+
+    // The network goes, and for now nothing answers where it went.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = nowhere.local_addr().unwrap().to_string();
+    drop(nowhere);
+    proxy.set_upstream(&gone).unwrap();
+    proxy.cut();
+    let failed = tokio::time::timeout(PATIENCE, listener.recv())
+        .await
+        .expect("recv gives up on this attempt")
+        .expect_err("no server to reconnect to");
+    assert_eq!(failed.kind(), pgpipe::ErrorKind::Connect, "{failed}");
+    assert_eq!(listener.reconnects(), 0);
+
+    // It comes back: the next recv reconnects, listens again, says so.
+    proxy.set_upstream(&server_addr()).unwrap();
+    assert!(matches!(
+        next(&mut listener).await,
+        Event::Gap(Gap::Reconnected)
+    ));
+    assert_eq!(listener.reconnects(), 1);
+    notify(&admin, &channel, "after").await;
+    assert_eq!(
+        next_notification(&mut listener).await,
+        (channel.clone(), "after".to_owned())
     );
 }
