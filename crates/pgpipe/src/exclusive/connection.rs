@@ -119,7 +119,8 @@ impl Connection {
     /// `UNLISTEN *` included). A lost connection loses its `LISTEN`s: after
     /// [`ErrorKind::ConnectionLost`], check out another connection, `LISTEN`
     /// again, and catch up on anything that happened meanwhile from the
-    /// tables themselves.
+    /// tables themselves; [`Pool::listener`](crate::Pool::listener) does
+    /// that for you.
     ///
     /// # Errors
     ///
