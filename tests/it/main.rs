@@ -16,6 +16,7 @@ mod guard_lexical;
 mod hol;
 mod hygiene;
 mod lifecycle;
+mod listener;
 mod metrics;
 mod overload;
 mod owned_transactions;

@@ -12,6 +12,7 @@ use super::options::{TransactionBuilder, TransactionOptions};
 use super::transaction::Parts;
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
+use crate::conn::notifications::Notifications;
 use crate::conn::run::{self, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
@@ -152,7 +153,8 @@ impl Connection {
     /// `UNLISTEN *` included). A lost connection loses its `LISTEN`s: after
     /// [`ErrorKind::ConnectionLost`], check out another connection, `LISTEN`
     /// again, and catch up on anything that happened meanwhile from the
-    /// tables themselves.
+    /// tables themselves; [`Pool::listener`](crate::Pool::listener) does
+    /// that for you.
     ///
     /// # Errors
     ///
@@ -244,6 +246,11 @@ impl Connection {
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
         run::named_statement(self.object.target(), sql).await
+    }
+
+    /// What `LISTEN` brought in on it, for a [`Listener`](crate::Listener).
+    pub(crate) fn notifications(&self) -> &Notifications {
+        &self.object.notifications
     }
 
     /// The pooled connection underneath.
