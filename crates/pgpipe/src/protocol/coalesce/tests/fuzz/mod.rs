@@ -12,13 +12,15 @@
 //!
 //! `PROPTEST_CASES` sets the number of cases (default [`CASES`]).
 
+mod client;
 mod server;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
 use super::*;
-use server::{Does, Orders, STATEMENTS, Server};
+use client::{Request, Schedule, deviation, requests, schedule};
+use server::{Does, STATEMENTS, Server};
 
 /// Cases per property unless `PROPTEST_CASES` says otherwise: enough to
 /// catch a misroute in a few seconds of `cargo test`.
@@ -34,163 +36,6 @@ pub(super) fn config() -> Config {
         failure_persistence: None,
         ..Config::default()
     }
-}
-
-/// One request as a client writes it.
-#[derive(Debug, Clone)]
-enum Request {
-    /// `Parse`, `Describe` of the statement, `Sync`: tokio-postgres' prepare.
-    Prepare(usize),
-    /// `Bind` of the unnamed portal, `Execute` with no row limit, `Sync`:
-    /// tokio-postgres' query, the only shape that may join a group.
-    Query(usize, Orders),
-    /// As `Query`, through a named portal or with a row limit.
-    Portal(usize, Orders, bool, u8),
-    /// Two statements under one `Sync`.
-    Twice(usize, usize, Orders),
-    /// `Close` of the statement, `Sync`: the statement cache evicting it.
-    Close(usize),
-    /// A simple `Query`.
-    Simple(Orders),
-}
-
-fn name(statement: usize) -> &'static [u8] {
-    STATEMENTS[statement].0.as_bytes()
-}
-
-fn bind(portal: &[u8], statement: &[u8], orders: Option<Orders>) -> Vec<u8> {
-    let mut body = [portal, b"\0", statement, b"\0", &[0, 0]].concat();
-    match orders {
-        Some(orders) => {
-            let text = orders.text();
-            body.extend_from_slice(&[0, 1]);
-            body.extend_from_slice(&(text.len() as u32).to_be_bytes());
-            body.extend_from_slice(text.as_bytes());
-        }
-        None => body.extend_from_slice(&[0, 0]),
-    }
-    body.extend_from_slice(&[0, 0]);
-    message(b'B', &body)
-}
-
-fn execute(portal: &[u8], limit: u8) -> Vec<u8> {
-    let body = [portal, b"\0", &u32::from(limit).to_be_bytes()].concat();
-    message(b'E', &body)
-}
-
-fn sync() -> Vec<u8> {
-    message(b'S', b"")
-}
-
-impl Request {
-    fn bytes(&self) -> Vec<u8> {
-        match *self {
-            Request::Prepare(s) => {
-                let (name, sql, _) = STATEMENTS[s];
-                let describe = [b"S", name.as_bytes(), b"\0"].concat();
-                [parse(name, sql), message(b'D', &describe), sync()].concat()
-            }
-            Request::Query(s, o) => [bind(b"", name(s), Some(o)), execute(b"", 0), sync()].concat(),
-            Request::Portal(s, o, named, limit) => {
-                let portal: &[u8] = if named { b"p" } else { b"" };
-                let limit = if named { limit } else { limit.max(1) };
-                [
-                    bind(portal, name(s), Some(o)),
-                    execute(portal, limit),
-                    sync(),
-                ]
-                .concat()
-            }
-            Request::Twice(a, b, o) => [
-                bind(b"", name(a), Some(o)),
-                execute(b"", 0),
-                bind(b"", name(b), Some(o)),
-                execute(b"", 0),
-                sync(),
-            ]
-            .concat(),
-            Request::Close(s) => [message(b'C', &[b"S", name(s), b"\0"].concat()), sync()].concat(),
-            Request::Simple(o) => message(b'Q', format!("SELECT '{}'\0", o.text()).as_bytes()),
-        }
-    }
-}
-
-/// A statement: mostly the groupable reads.
-fn statement() -> impl Strategy<Value = usize> {
-    prop_oneof![4 => 0..2usize, 1 => 0..STATEMENTS.len()]
-}
-
-fn orders() -> impl Strategy<Value = Orders> {
-    let size = prop_oneof![8 => 0..16usize, 1 => 16..2000usize];
-    (0..4usize, size, prop::bool::weighted(0.1)).prop_map(|(rows, size, fail)| Orders {
-        tag: 0,
-        rows,
-        size,
-        fail,
-    })
-}
-
-fn request() -> impl Strategy<Value = Request> {
-    prop_oneof![
-        2 => statement().prop_map(Request::Prepare),
-        12 => (statement(), orders()).prop_map(|(s, o)| Request::Query(s, o)),
-        1 => (statement(), orders(), any::<bool>(), 0..3u8)
-            .prop_map(|(s, o, named, limit)| Request::Portal(s, o, named, limit)),
-        1 => (statement(), statement(), orders()).prop_map(|(a, b, o)| Request::Twice(a, b, o)),
-        1 => statement().prop_map(Request::Close),
-        1 => orders().prop_map(Request::Simple),
-    ]
-}
-
-/// A client's requests, each tagged with its index: every statement
-/// prepared first (as the pool's cache does before using one), then a mix.
-fn requests() -> impl Strategy<Value = Vec<Request>> {
-    prop::collection::vec(request(), 1..40).prop_map(|mix| {
-        let prepares = (0..STATEMENTS.len()).map(Request::Prepare);
-        let mut all: Vec<Request> = prepares.chain(mix).collect();
-        for (tag, request) in all.iter_mut().enumerate() {
-            match request {
-                Request::Query(_, o)
-                | Request::Portal(_, o, ..)
-                | Request::Twice(_, _, o)
-                | Request::Simple(o) => o.tag = tag,
-                Request::Prepare(_) | Request::Close(_) => {}
-            }
-        }
-        all
-    })
-}
-
-/// How the bytes move: sizes of the client's writes (and whether each is on
-/// a shared connection), of the reads of the server's answers, and which of
-/// the two happens next.
-#[derive(Debug, Clone)]
-struct Schedule {
-    /// Writes are whole requests (as tokio-postgres writes them), so
-    /// many each; else bytes, split anywhere. See [`grouped`].
-    whole: bool,
-    writes: Vec<(usize, bool)>,
-    reads: Vec<usize>,
-    order: Vec<bool>,
-}
-
-fn sizes() -> impl Strategy<Value = usize> {
-    prop_oneof![1..8usize, 8..200usize, 200..5000usize]
-}
-
-fn schedule() -> impl Strategy<Value = Schedule> {
-    (
-        any::<bool>(),
-        prop::collection::vec((sizes(), prop::bool::weighted(0.9)), 1..16),
-        prop::collection::vec(sizes(), 1..16),
-        prop::collection::vec(any::<bool>(), 1..32),
-    )
-        .prop_map(|(whole, writes, reads, order)| Schedule {
-            whole,
-            writes,
-            reads,
-            order,
-        })
 }
 
 /// The messages of a stream, whole.
@@ -227,8 +72,16 @@ fn is_skip(m: &[u8]) -> bool {
     m[0] == b'E' && m.windows(7).any(|w| w == b"CPP001\0")
 }
 
-/// What the client sees, and the model server, after `requests` were
-/// written through a rewriter for `grouping` and answered.
+/// What came of one run: what the client saw, the model server, and
+/// whether the rewriter lost step.
+struct Run {
+    client: Vec<u8>,
+    server: Server,
+    confused: Option<Confused>,
+}
+
+/// Runs `requests` through a rewriter for `grouping`, the model answering,
+/// with `deviation` (bytes, and where in the server's answers) inserted.
 ///
 /// A request's answer can reach the rewriter only after its `Sync` did:
 /// tokio-postgres writes whole requests, and the server flushes at
@@ -241,7 +94,8 @@ fn grouped(
     grouping: Grouping,
     head_faults: &[u8],
     s: &Schedule,
-) -> Result<(Vec<u8>, Server), TestCaseError> {
+    mut deviation: Option<(usize, Vec<u8>)>,
+) -> Run {
     let mut c = Coalescer::new(grouping);
     c.arm();
     let read_only = grouping == Grouping::ReadOnlySession;
@@ -262,9 +116,19 @@ fn grouped(
     }
     let (mut written, mut read, mut step, mut end) = (0, 0, 0, 0);
     let mut client = Vec::new();
+    // As the tap reads: straight through while nothing needs rewriting.
+    let deliver = |c: &mut Coalescer, chunk: &[u8], client: &mut Vec<u8>| {
+        if c.passes_through() {
+            client.extend_from_slice(chunk);
+            c.pass(chunk)
+        } else {
+            c.inbound(chunk, client)
+        }
+    };
     while written < stream.len() || read < server.output.len() {
         let write = written < stream.len()
             && (read == server.output.len() || s.order[step % s.order.len()]);
+        step += 1;
         if write {
             let (size, shared) = s.writes[step % s.writes.len()];
             end = (end + size).min(ends.len()) - 1;
@@ -275,27 +139,36 @@ fn grouped(
             let mut out = Vec::new();
             c.outbound(chunk, shared, &mut out);
             server.receive(&out);
-        } else {
-            let size = s.reads[step % s.reads.len()];
-            let chunk = &server.output[read..server.output.len().min(read + size)];
-            read += chunk.len();
-            let done = if c.passes_through() {
-                client.extend_from_slice(chunk);
-                c.pass(chunk)
-            } else {
-                c.inbound(chunk, &mut client)
-            };
-            if let Err(confused) = done {
-                return Err(TestCaseError::fail(format!(
-                    "a faithful server: {confused}"
-                )));
-            }
+            continue;
         }
-        step += 1;
+        let size = s.reads[step % s.reads.len()];
+        let mut chunk = server.output[read..server.output.len().min(read + size)].to_vec();
+        read += chunk.len();
+        if let Some((at, bytes)) = deviation.take_if(|(at, _)| *at < read) {
+            let at = chunk.len() - (read - at);
+            chunk.splice(at..at, bytes);
+        }
+        if let Err(confused) = deliver(&mut c, &chunk, &mut client) {
+            let confused = Some(confused);
+            return Run {
+                client,
+                server,
+                confused,
+            };
+        }
     }
-    prop_assert!(c.requests.is_empty(), "left waiting: {:?}", c.requests);
-    prop_assert!(c.passes_through());
-    Ok((client, server))
+    let mut confused = None;
+    if let Some((_, bytes)) = deviation {
+        confused = deliver(&mut c, &bytes, &mut client).err();
+    }
+    if confused.is_none() && !(c.requests.is_empty() && c.passes_through()) {
+        confused = Some(Confused("left waiting"));
+    }
+    Run {
+        client,
+        server,
+        confused,
+    }
 }
 
 /// Runs `requests` through a rewriter and checks what each request gets.
@@ -310,7 +183,16 @@ fn check(
     alone.receive(&bytes.concat());
     let own = answers(&alone.output);
     prop_assert_eq!(own.len(), requests.len(), "the model answers every request");
-    let (client, server) = grouped(&bytes, grouping, head_faults, s)?;
+    let Run {
+        client,
+        server,
+        confused,
+    } = grouped(&bytes, grouping, head_faults, s, None);
+    if let Some(confused) = confused {
+        return Err(TestCaseError::fail(format!(
+            "a faithful server: {confused}"
+        )));
+    }
     prop_assert!(server.violations.is_empty(), "{:?}", server.violations);
     let seen = answers(&client);
     prop_assert_eq!(seen.len(), requests.len(), "one ReadyForQuery per request");
@@ -353,6 +235,43 @@ proptest! {
         s in schedule(),
     ) {
         check(&requests, Grouping::ReadOnlyHead, &head_faults, &s)?;
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_deviating_server_never_makes_it_panic(
+        requests in requests(),
+        head in any::<bool>(),
+        head_faults in prop::collection::vec(0..3u8, 0..4),
+        s in schedule(),
+        deviation in deviation(),
+    ) {
+        let bytes: Vec<Vec<u8>> = requests.iter().map(Request::bytes).collect();
+        let grouping = if head { Grouping::ReadOnlyHead } else { Grouping::ReadOnlySession };
+        grouped(&bytes, grouping, &head_faults, &s, Some(deviation));
+    }
+
+    #[test]
+    fn any_bytes_either_way_never_make_it_panic(
+        writes in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..8),
+        reads in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..8),
+        head in any::<bool>(),
+    ) {
+        let mut c = armed_as(if head { Grouping::ReadOnlyHead } else { Grouping::ReadOnlySession }, 10);
+        c.head_prepared = head;
+        let mut out = Vec::new();
+        for (write, read) in writes.iter().zip(&reads) {
+            // Plain queries with the noise between them.
+            c.outbound(&[query(1), write.clone(), query(2), query(3)].concat(), true, &mut out);
+            if c.passes_through() {
+                let _ = c.pass(read);
+            } else {
+                let _ = c.inbound(read, &mut out);
+            }
+        }
     }
 }
 

@@ -316,10 +316,19 @@ impl Server {
                 let done = format!("INSERT 0 1 #{}\0", orders.tag);
                 self.unsent.extend(message(b'C', done.as_bytes()));
             }
-            Does::Set => self.unsent.extend(message(b'C', b"SET\0")),
+            Does::Set => {
+                // A reported setting, as after a SET of one that is reported.
+                self.unsent.extend(message(b'S', b"TimeZone\0UTC\0"));
+                self.unsent.extend(message(b'C', b"SET\0"));
+            }
             Does::Read | Does::Unparsable => {
                 let want = orders.rows - p.sent;
                 let n = if limit > 0 { want.min(limit) } else { want };
+                if orders.rows == 2 {
+                    // Notices come at any time.
+                    let notice = format!("SNOTICE\0Mnote #{}\0\0", orders.tag);
+                    self.unsent.extend(message(b'N', notice.as_bytes()));
+                }
                 for _ in 0..n {
                     self.unsent.extend(row(orders));
                 }
