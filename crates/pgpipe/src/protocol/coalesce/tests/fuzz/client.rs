@@ -23,6 +23,11 @@ pub(super) enum Request {
     Close(usize),
     /// A simple `Query`.
     Simple(Orders),
+    /// `Bind` of portal `p`, `Sync`: tokio-postgres' `bind` (outside a
+    /// transaction block the portal is gone at the `Sync`).
+    Bound(usize, Orders),
+    /// `Execute` of portal `p` for so many rows, `Sync`: its `query_portal`.
+    Resume(u8),
 }
 
 fn name(statement: usize) -> &'static [u8] {
@@ -82,6 +87,8 @@ impl Request {
             .concat(),
             Request::Close(s) => [message(b'C', &[b"S", name(s), b"\0"].concat()), sync()].concat(),
             Request::Simple(o) => message(b'Q', format!("SELECT '{}'\0", o.text()).as_bytes()),
+            Request::Bound(s, o) => [bind(b"p", name(s), Some(o)), sync()].concat(),
+            Request::Resume(limit) => [execute(b"p", limit), sync()].concat(),
         }
     }
 }
@@ -110,6 +117,8 @@ fn request() -> impl Strategy<Value = Request> {
         1 => (statement(), statement(), orders()).prop_map(|(a, b, o)| Request::Twice(a, b, o)),
         1 => statement().prop_map(Request::Close),
         1 => orders().prop_map(Request::Simple),
+        1 => (statement(), orders()).prop_map(|(s, o)| Request::Bound(s, o)),
+        1 => (0..3u8).prop_map(Request::Resume),
     ]
 }
 
@@ -124,8 +133,9 @@ pub(super) fn requests() -> impl Strategy<Value = Vec<Request>> {
                 Request::Query(_, o)
                 | Request::Portal(_, o, ..)
                 | Request::Twice(_, _, o)
-                | Request::Simple(o) => o.tag = tag,
-                Request::Prepare(_) | Request::Close(_) => {}
+                | Request::Simple(o)
+                | Request::Bound(_, o) => o.tag = tag,
+                Request::Prepare(_) | Request::Close(_) | Request::Resume(_) => {}
             }
         }
         all
