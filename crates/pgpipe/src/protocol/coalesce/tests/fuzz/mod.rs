@@ -7,8 +7,11 @@
 //! rewriter gives each request's own answer; the client must see exactly
 //! that answer at that request's place, or, for a request the server
 //! skipped (or refused as a write behind the head), the skip error and
-//! nothing else. A faithful server never confuses the rewriter, and
-//! nothing panics.
+//! nothing else. The model also flags what PostgreSQL would let happen
+//! but a correct rewriter never asks of it: a write answered and then
+//! rolled back by another request's error, and, on a writable session,
+//! requests sharing a transaction with no read-only head. A faithful
+//! server never confuses the rewriter, and nothing panics.
 //!
 //! `PROPTEST_CASES` sets the number of cases (default [`CASES`]).
 
@@ -26,7 +29,7 @@ use server::{Does, STATEMENTS, Server};
 /// catch a misroute in a few seconds of `cargo test`.
 const CASES: u32 = 256;
 
-pub(super) fn config() -> Config {
+fn config() -> Config {
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
