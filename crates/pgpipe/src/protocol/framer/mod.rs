@@ -589,3 +589,6 @@ mod tests {
         assert_eq!(names, vec![b"in_hot_standby".to_vec()]);
     }
 }
+
+#[cfg(test)]
+mod fuzz;
