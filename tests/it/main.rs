@@ -14,6 +14,7 @@ mod guard_catalog;
 mod guard_globals;
 mod guard_lexical;
 mod hol;
+mod hooks;
 mod hygiene;
 mod lifecycle;
 mod listener;

@@ -58,6 +58,7 @@ pub use answer::Answer;
 pub use batch::{Batch, BatchResults};
 pub use builder::PoolBuilder;
 pub use config::{PoolConfig, Routing, SessionCleanup};
+pub use conn::hooks::{HookFuture, HookResult};
 pub use conn::tls::TlsSocket;
 pub use error::{Error, ErrorKind};
 pub use exclusive::{

@@ -6,6 +6,7 @@
 //! (everything else); `url` has what is made of a connection string (its
 //! parse, one endpoint per host, the pool's default name).
 
+mod hooks;
 mod servers;
 mod settings;
 mod tls;
@@ -14,6 +15,7 @@ mod url;
 use tokio_postgres::config::SslMode;
 
 use crate::config::PoolConfig;
+use crate::conn::hooks::Hooks;
 use crate::conn::tls::Tls;
 use crate::error::{Error, ErrorKind};
 use crate::hosts::Endpoint;
@@ -47,6 +49,7 @@ pub struct PoolBuilder {
     config: PoolConfig,
     registry: Option<prometheus::Registry>,
     tls: Tls,
+    hooks: Hooks,
     /// Whether `max_pipeline_depth` was set, not left at its default: a
     /// depth above 1 asked for through a pooler that cannot track a
     /// pipeline is refused, not quietly lowered.
@@ -189,6 +192,7 @@ impl PoolBuilder {
             registry: self.registry,
             name,
             tls: self.tls,
+            hooks: self.hooks,
         };
         Pool::new(endpoints, self.config.effective(), setup, settings)
     }

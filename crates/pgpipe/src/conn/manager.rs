@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use deadpool::managed::{self, RecycleError, RecycleResult};
 
 use super::describe::Descriptions;
+use super::hooks::{self, Hooks};
 use super::notifications::Notifications;
 use super::state::{Behind, Traits};
 use super::statement_cache::StatementCache;
 use super::step_aside::StepAside;
 use super::tls::Tls;
 use super::{ConnState, PgConn, PoolWire, connect};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::metrics::CloseReason;
 
 /// Opens and recycles [`PgConn`]s for deadpool.
@@ -24,6 +25,9 @@ pub(crate) struct Manager {
     pub(crate) max_lifetime: Option<Duration>,
     pub(crate) wire: Arc<PoolWire>,
     pub(crate) tls: Tls,
+    /// The application's hooks (`post_create`, `pre_recycle`,
+    /// `post_recycle`).
+    pub(crate) hooks: Hooks,
     /// SQL run on every new connection (and after every reset).
     pub(crate) after_connect: Option<Arc<str>>,
     /// What stands between its connections and the server.
@@ -112,6 +116,9 @@ impl Manager {
                 .await
                 .map_err(|e| Error::connect(e).at("after_connect"))?;
         }
+        hooks::run(&self.hooks.post_create, &client)
+            .await
+            .map_err(|e| Error::new(ErrorKind::Connect, format!("post_create refused: {e}")))?;
         if let Some(metrics) = &self.wire.metrics {
             metrics.created.inc();
             metrics
@@ -156,6 +163,10 @@ impl managed::Manager for Manager {
             conn.closing(CloseReason::MaxLifetime);
             return Err(RecycleError::message("connection reached max_lifetime"));
         }
+        if let Err(e) = hooks::run(&self.hooks.pre_recycle, &conn.client).await {
+            conn.closing(CloseReason::Broken);
+            return Err(RecycleError::message(format!("pre_recycle refused: {e}")));
+        }
         // An exclusive user may have left a transaction open (a `BEGIN`
         // through the raw client, a dropped `Transaction` whose rollback is
         // still on its way). The next user must never inherit it. With
@@ -184,7 +195,11 @@ impl managed::Manager for Manager {
         // Behind a transaction pooler there is no session of its own to
         // reset: the next statement may run on any server.
         let needs_reset = conn.state.session.needs_reset() && self.behind == Behind::Nothing;
-        conn.reset_owed = needs_reset && CALLER_RESETS.try_with(|()| ()).is_ok();
+        // A post_recycle hook sees the session reset: the reset is not left
+        // to ride with a `BEGIN` then.
+        conn.reset_owed = needs_reset
+            && self.hooks.post_recycle.is_none()
+            && CALLER_RESETS.try_with(|()| ()).is_ok();
         if needs_reset && !conn.reset_owed {
             let reset = conn.reset_session();
             match tokio::time::timeout(RECYCLE_PATIENCE, reset).await {
@@ -198,6 +213,10 @@ impl managed::Manager for Manager {
                     return Err(RecycleError::message("the session reset did not finish"));
                 }
             }
+        }
+        if let Err(e) = hooks::run(&self.hooks.post_recycle, &conn.client).await {
+            conn.closing(CloseReason::Broken);
+            return Err(RecycleError::message(format!("post_recycle refused: {e}")));
         }
         Ok(())
     }

@@ -24,6 +24,7 @@
 
 pub(crate) mod connect;
 pub(crate) mod describe;
+pub(crate) mod hooks;
 pub(crate) mod manager;
 pub(crate) mod notifications;
 pub(crate) mod params;

@@ -50,6 +50,7 @@ impl Hosts {
                 },
                 registry: setup.registry.clone(),
                 tls: endpoint.tls.clone().unwrap_or_else(|| setup.tls.clone()),
+                hooks: setup.hooks.clone(),
                 build_info: i == 0 && lane == "write",
             };
             let mut write_config = config.clone();

@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 
 use super::election::Election;
 use super::{CHECK_TIMEOUT, Hosts};
+use crate::conn::hooks::Hooks;
 use crate::conn::{Manager, PgConn, PoolWire};
 use tokio_postgres::error::SqlState;
 
@@ -91,6 +92,7 @@ pub(crate) fn start_monitor(hosts: &Arc<Hosts>) {
             Manager {
                 wire: Arc::new(wire),
                 after_connect: None,
+                hooks: Hooks::default(),
                 descriptions: None,
                 read_groups: Grouping::Off,
                 ..lane.clone()

@@ -73,6 +73,7 @@ impl Lane {
             labels,
             registry,
             tls,
+            hooks,
             build_info,
         } = recipe;
         // Shared connections group the reads of one write under one Sync:
@@ -98,6 +99,7 @@ impl Lane {
             max_lifetime: config.max_lifetime,
             wire: Arc::clone(&wire),
             tls,
+            hooks,
             after_connect: config.after_connect.as_deref().map(Arc::from),
             behind: match (
                 config.pooler.is_transaction(),

@@ -1,10 +1,11 @@
 //! What a lane is made from: the server, the settings, the metrics'
-//! labels and registry, TLS.
+//! labels and registry, TLS, the application's hooks.
 
 use std::sync::Arc;
 
 use super::Lane;
 use crate::config::PoolConfig;
+use crate::conn::hooks::Hooks;
 use crate::conn::tls::Tls;
 use crate::error::Error;
 use crate::metrics::Labels;
@@ -16,6 +17,7 @@ pub(crate) struct Setup {
     pub(crate) registry: Option<prometheus::Registry>,
     pub(crate) name: String,
     pub(crate) tls: Tls,
+    pub(crate) hooks: Hooks,
 }
 
 /// Everything one lane is made from; a read lane is made at its first use,
@@ -28,6 +30,7 @@ pub(crate) struct LaneRecipe {
     pub(crate) labels: Labels,
     pub(crate) registry: Option<prometheus::Registry>,
     pub(crate) tls: Tls,
+    pub(crate) hooks: Hooks,
     /// Whether this lane exports the pool's `pgpipe_build_info` (one per pool).
     pub(crate) build_info: bool,
 }
