@@ -241,8 +241,9 @@ impl Lane {
         );
         let conn = checkout.await;
         self.waited(waiting);
-        if let Some(metrics) = &self.metrics {
+        if let (Some(metrics), Some(waiting)) = (&self.metrics, waiting) {
             metrics.checkout(conn.as_ref().map(drop));
+            metrics.saved.checkout_waited(waiting.elapsed());
         }
         conn
     }
@@ -296,6 +297,14 @@ impl Lane {
             metrics
                 .connection_wait
                 .observe(since.elapsed().as_secs_f64());
+        }
+    }
+
+    /// Folds latency saved, with pipelining on (see
+    /// [`metrics`](crate::metrics)'s `saved`).
+    pub(crate) fn fold_saved(&self) {
+        if let (Some(metrics), true) = (&self.metrics, self.config.pipelining) {
+            metrics.fold_saved(self.config.max_size, self.wire.rtt.estimate());
         }
     }
 

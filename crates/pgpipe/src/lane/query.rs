@@ -26,6 +26,7 @@ use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::Code;
+use crate::shared::Place;
 use crate::shared::costs::{CostKey, Costs};
 use crate::trace::Trace;
 
@@ -85,6 +86,7 @@ async fn observed(
         return run_unobserved(pool, sql, params, op, slow, watch).await;
     };
     let counting = Counting::start(metrics, pool.mode());
+    let _step = metrics.saved.step();
     let watch = Watch {
         waiting: Some(counting.started()),
         trace,
@@ -189,6 +191,7 @@ async fn run_shared(
         trace.admitted(place.ahead, waiting);
         let admitted = cost.clock();
         router.batch_window(&place).await;
+        let alone = Alone::sent(&place, waiting.is_some() && retries.none_unsent());
         let conn = &place.conn;
         let prepare = Prepare::Spawned(conn);
         let target = conn.conn().target();
@@ -197,6 +200,7 @@ async fn run_shared(
             run::within_deadline(settings.query_timeout, target, query, || router.late(conn)).await;
         if result.is_ok() {
             cost.learn(router.costs(), admitted);
+            alone.answered(pool);
         }
         if let Err(e) = &result {
             if e.kind() == ErrorKind::ConnectionLost {
@@ -218,6 +222,24 @@ async fn run_shared(
             // Never sent: run it on another connection. Once sent, never again.
             Err(e) if e.is_unsent() && retries.take_unsent() => {}
             result => return result,
+        }
+    }
+}
+
+/// A query sent alone (nothing in flight on its connection), for latency
+/// saved: when it was sent. Its time from there to its answer is what it
+/// would take with pipelining off and a connection free. Only its first
+/// try, and only with metrics.
+struct Alone(Option<Instant>);
+
+impl Alone {
+    fn sent(place: &Place<'_>, counted: bool) -> Alone {
+        Alone((counted && place.ahead == 0).then(Instant::now))
+    }
+
+    fn answered(&self, pool: &Lane) {
+        if let (Some(sent), Some(metrics)) = (self.0, pool.metrics()) {
+            metrics.saved.alone(sent.elapsed());
         }
     }
 }

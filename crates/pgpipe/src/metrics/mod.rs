@@ -5,7 +5,10 @@
 //! - **Events**, counted where they happen with pre-resolved metric handles
 //!   (atomics, no lock, no allocation): queries by mode and outcome, their
 //!   durations, waits, rejections, connections opened and closed, and, in the
-//!   socket tap, batch sizes, round trips saved and latency saved.
+//!   socket tap, batch sizes and round trips saved.
+//! - **Latency saved**, an estimate of the same pool without pipelining,
+//!   folded by the housekeeping tick from what the pool counts anyway
+//!   ([`saved`]).
 //! - **State**, read from the pool when Prometheus scrapes: connections by
 //!   state, pipeline depth, queue depth, the round-trip estimate.
 //!
@@ -18,10 +21,11 @@ mod counting;
 mod families;
 pub(crate) mod hosts;
 mod labels;
+mod saved;
 
 use std::time::Duration;
 
-use prometheus::{Counter, Histogram, HistogramVec, IntCounter, IntCounterVec};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
 
 pub(crate) use collector::{Snapshot, register};
 pub(crate) use counting::Counting;
@@ -29,6 +33,7 @@ use families::{NAMESPACE, SECONDS, opts};
 pub(crate) use hosts::HostMetrics;
 pub(crate) use labels::{CloseReason, Labels, Mode, QuarantineReason};
 use labels::{Outcome, PoolerError, Rejection};
+pub(crate) use saved::Saved;
 
 use crate::error::{Error, ErrorKind};
 
@@ -37,7 +42,6 @@ use crate::error::{Error, ErrorKind};
 pub(crate) struct WireMetrics {
     pub(crate) batch_size: Histogram,
     pub(crate) round_trips_saved: IntCounter,
-    pub(crate) latency_saved: Counter,
     /// Read groups: Syncs dropped, reads per group, reads run again.
     pub(crate) syncs_saved: IntCounter,
     pub(crate) group_size: Histogram,
@@ -80,6 +84,8 @@ pub(crate) struct Metrics {
     pub(crate) connection_errors: IntCounter,
     closed: Box<[IntCounter]>,
     pub(crate) wire: WireMetrics,
+    /// Latency saved: what it is folded from, and its counters.
+    pub(crate) saved: Saved,
     // The families, for collection.
     queries_vec: IntCounterVec,
     checkouts_vec: IntCounterVec,
@@ -134,5 +140,12 @@ impl Metrics {
 
     pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed[reason as usize].inc();
+    }
+
+    /// Folds latency saved (see [`saved`]): a pipelining lane's
+    /// housekeeping tick calls this.
+    pub(crate) fn fold_saved(&self, max_size: usize, rtt: Option<Duration>) {
+        let durations = &self.durations[Mode::Pipelined as usize];
+        self.saved.fold(durations, max_size, rtt);
     }
 }

@@ -1,0 +1,439 @@
+//! Latency saved: the time the pipelined queries would have taken on the
+//! same pool with pipelining off, less the time they took.
+//!
+//! With pipelining off, each query holds a whole connection, one of
+//! `max_size`, for its round trip and the server's time; a query that
+//! finds none free waits for one. The pool counts, without a lock or an
+//! allocation per query, what that counterfactual needs, and the lane's
+//! housekeeping tick folds it every 100 ms (never a scrape, so that two
+//! Prometheus servers scraping one pool read the same counters):
+//!
+//! - `S`, what a query takes with a connection to itself: the mean time
+//!   of the pipelined queries **sent alone** (nothing in flight on their
+//!   connection), from their write to their answer. The typical round trip
+//!   (not the low-end one the RTT estimate keeps), the server's time and
+//!   the client's own are all in it. Recent ones count most (a 2-second
+//!   decay); with none lately (a pool that never goes idle), the last known
+//!   mean stands; before any, the round-trip estimate.
+//! - The callers' **steps**: a query, or the queries one task sends at once
+//!   (a `join!`: a query that starts while the last query to start, from
+//!   the same task, is still running), or an exclusive checkout (`get()`,
+//!   `begin()`). `k`: queries per query step.
+//! - `N`, the callers in the pool, by Little's law from the time spent in
+//!   it per second: the queries' (their durations, waits included) over
+//!   `k`, the checkouts' waits and the connections they hold.
+//! - `H`, the connection-seconds the checkouts hold.
+//!
+//! Without pipelining, a closed loop of `N` callers on `c = max_size`
+//! connections keeps every connection busy once it needs more than `c`:
+//! the connections do `c` connection-seconds of work per second, a query
+//! `S`, a checkout its hold. Every step then waits the same `W` (a first
+//! come, first served queue, as deadpool's), and each caller's round of
+//! steps stretches by the ratio of the work it brings to `c`. Per interval,
+//! with `Q` queries, `Q/k` query steps and `K` checkouts:
+//!
+//! ```text
+//! W = max(0, (N · (Q·S + H) / c − (Q/k · S + H)) / (Q/k + K))
+//! ```
+//!
+//! and a query would have taken `S + W`: `S` while the connections
+//! outnumber what the callers need, growing with the queue beyond. With
+//! only queries, `W = (N·k/c − 1) · S`: `S · max(1, L/c)` for `L` queries
+//! in the pool.
+//!
+//! What this assumes: callers that send their next step as soon as the
+//! last is answered (with time spent elsewhere between steps, more of them
+//! would be in the pool without pipelining, and this runs low); queries
+//! like the ones sent alone (`S`); the same server time and round trip
+//! with 1 connection busy as with `max_size` busy. A connection held for
+//! long (a `LISTEN`) counts as one more caller, not as one connection
+//! fewer. Steps of tasks that start queries at the same moment on two
+//! threads may be told apart wrongly (a burst split in two): only the mix
+//! of queries and checkouts feels it.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use prometheus::{Counter, Gauge, Histogram};
+
+use super::{Labels, opts};
+use crate::sync::lock;
+
+/// Recent alone queries count most: their weight falls by `e` every this.
+const DECAY: Duration = Duration::from_secs(2);
+/// Ticks between feedings of the clamped counter.
+const CLAMP_TICKS: u32 = 10;
+
+/// What the pool counts for latency saved, and the two counters it feeds.
+#[derive(Debug)]
+pub(crate) struct Saved {
+    /// Since when the nanosecond stamps below count.
+    epoch: Instant,
+    /// Pipelined queries sent alone, and their time (ns).
+    alone: AtomicU64,
+    alone_nanos: AtomicU64,
+    /// The task of the last pipelined query to start, while it runs (0:
+    /// none), and the query steps (see the module doc).
+    last_task: AtomicU64,
+    steps: AtomicU64,
+    /// Exclusive checkouts: begun, their waits (ns), the connections held
+    /// now, the sum of their start stamps, and the time of those released.
+    checkouts: AtomicU64,
+    checkout_wait_nanos: AtomicU64,
+    held: AtomicU64,
+    held_since_nanos: AtomicU64,
+    released_nanos: AtomicU64,
+    /// The time the pipelined queries would have taken without pipelining.
+    pub(super) without: Counter,
+    /// That less the time they took, in intervals where it is positive.
+    pub(super) saved: Counter,
+    /// `S`, as the last fold found it.
+    pub(super) alone_gauge: Gauge,
+    fold: Mutex<Fold>,
+}
+
+/// The folding's own state, touched only by the housekeeping tick.
+#[derive(Debug, Default)]
+struct Fold {
+    last: Option<(Instant, Totals)>,
+    /// Decayed sums of the alone queries' time and count.
+    alone_seconds: f64,
+    alone: f64,
+    /// Seconds saved (or, negative, lost) since the counter was last fed.
+    pending: f64,
+    ticks: u32,
+}
+
+/// Running totals, read at each fold.
+#[derive(Debug, Default, Clone, Copy)]
+struct Totals {
+    queries: u64,
+    query_seconds: f64,
+    alone: u64,
+    alone_seconds: f64,
+    steps: u64,
+    checkouts: u64,
+    checkout_waits: f64,
+    held_seconds: f64,
+}
+
+/// One fold's interval, as the model reads it.
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    seconds: f64,
+    queries: f64,
+    /// The queries' time in the pool, waits included.
+    query_seconds: f64,
+    /// Query steps.
+    steps: f64,
+    checkouts: f64,
+    checkout_waits: f64,
+    /// Connection-seconds held by exclusive checkouts.
+    held_seconds: f64,
+    /// `S`: a query with a connection to itself.
+    alone: f64,
+    max_size: f64,
+}
+
+impl Interval {
+    /// What a query would have taken without pipelining.
+    fn without_pipelining(&self) -> f64 {
+        let steps = self.steps.clamp(1.0, self.queries.max(1.0));
+        let per_step = self.queries / steps;
+        let callers = (self.query_seconds / per_step + self.checkout_waits + self.held_seconds)
+            / self.seconds;
+        let work = self.queries * self.alone + self.held_seconds;
+        let callers_work = steps * self.alone + self.held_seconds;
+        let wait = (callers * work / self.max_size - callers_work) / (steps + self.checkouts);
+        self.alone + wait.max(0.0)
+    }
+}
+
+impl Saved {
+    pub(super) fn new(pool: &Labels) -> Result<Saved, prometheus::Error> {
+        Ok(Saved {
+            epoch: Instant::now(),
+            alone: AtomicU64::new(0),
+            alone_nanos: AtomicU64::new(0),
+            last_task: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            checkouts: AtomicU64::new(0),
+            checkout_wait_nanos: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+            held_since_nanos: AtomicU64::new(0),
+            released_nanos: AtomicU64::new(0),
+            without: Counter::with_opts(opts(
+                "pipeline_latency_without_pipelining_seconds_total",
+                "Estimate: the time the pipelined queries would have taken on the same pool \
+                 with pipelining off (a connection per query, waiting for one when all are \
+                 busy); see the guide's observability page for the model. Less \
+                 pgpipe_query_duration_seconds_sum{mode=\"pipelined\"}: the latency saved, \
+                 negative where pipelining cost time.",
+                pool,
+            ))?,
+            saved: Counter::with_opts(opts(
+                "pipeline_latency_saved_seconds_total",
+                "Estimate: the time the pipelined queries would have taken with pipelining \
+                 off, less the time they took, added each second in which it is positive (a \
+                 second in which pipelining cost time adds nothing).",
+                pool,
+            ))?,
+            alone_gauge: Gauge::with_opts(opts(
+                "pipeline_alone_seconds",
+                "The mean time from write to answer of the pipelined queries sent alone \
+                 (nothing in flight on their connection), recent ones counting most: what \
+                 the latency-saved estimate takes a query to need with a connection to itself.",
+                pool,
+            ))?,
+            fold: Mutex::default(),
+        })
+    }
+
+    fn stamp(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// A pipelined query starts: a new step unless the last query to start,
+    /// still running, is its own task's. The step's end is the guard's drop.
+    pub(crate) fn step(&self) -> Step<'_> {
+        let task = tokio::task::try_id().map_or(0, task_key);
+        if task == 0 || self.last_task.swap(task, Ordering::Relaxed) != task {
+            self.steps.fetch_add(1, Ordering::Relaxed);
+        }
+        Step(self, task)
+    }
+
+    /// A pipelined query sent alone took `elapsed` to its answer.
+    pub(crate) fn alone(&self, elapsed: Duration) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.alone_nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.alone.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An exclusive checkout waited `waited` for its connection.
+    pub(crate) fn checkout_waited(&self, waited: Duration) {
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX);
+        self.checkout_wait_nanos.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    /// A connection is held exclusively from `since`.
+    pub(crate) fn held(&self, since: Instant) {
+        self.checkouts.fetch_add(1, Ordering::Relaxed);
+        self.held_since_nanos
+            .fetch_add(self.stamp(since), Ordering::Relaxed);
+        self.held.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The connection held from `since` is back.
+    pub(crate) fn released(&self, since: Instant) {
+        let (start, end) = (self.stamp(since), self.stamp(Instant::now()));
+        self.released_nanos
+            .fetch_add(end.saturating_sub(start), Ordering::Relaxed);
+        self.held_since_nanos.fetch_sub(start, Ordering::Relaxed);
+        self.held.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn totals(&self, durations: &Histogram, now: Instant) -> Totals {
+        let seconds = |nanos: u64| nanos as f64 * 1e-9;
+        // Held connection-seconds: those released, and those still held
+        // up to now (now × held, less when each was taken).
+        let held = self.held.load(Ordering::Relaxed);
+        let open = (self.stamp(now) as f64 * held as f64
+            - self.held_since_nanos.load(Ordering::Relaxed) as f64)
+            .max(0.0);
+        Totals {
+            queries: durations.get_sample_count(),
+            query_seconds: durations.get_sample_sum(),
+            alone: self.alone.load(Ordering::Relaxed),
+            alone_seconds: seconds(self.alone_nanos.load(Ordering::Relaxed)),
+            steps: self.steps.load(Ordering::Relaxed),
+            checkouts: self.checkouts.load(Ordering::Relaxed),
+            checkout_waits: seconds(self.checkout_wait_nanos.load(Ordering::Relaxed)),
+            held_seconds: seconds(self.released_nanos.load(Ordering::Relaxed)) + open * 1e-9,
+        }
+    }
+
+    /// Folds what was counted since the last call into the counters:
+    /// `durations` is the pipelined queries' histogram, `max_size` the
+    /// pool's, `rtt` the round-trip estimate (`S` before any query ran
+    /// alone).
+    pub(crate) fn fold(&self, durations: &Histogram, max_size: usize, rtt: Option<Duration>) {
+        let now = Instant::now();
+        let totals = self.totals(durations, now);
+        let mut fold = lock(&self.fold);
+        let Some((at, last)) = fold.last.replace((now, totals)) else {
+            return;
+        };
+        let seconds = now.saturating_duration_since(at).as_secs_f64();
+        let new_alone = totals.alone.saturating_sub(last.alone);
+        if new_alone > 0 {
+            let keep = (-seconds / DECAY.as_secs_f64()).exp();
+            fold.alone_seconds =
+                fold.alone_seconds * keep + (totals.alone_seconds - last.alone_seconds);
+            fold.alone = fold.alone * keep + new_alone as f64;
+            self.alone_gauge.set(fold.alone_seconds / fold.alone);
+        }
+        let queries = totals.queries.saturating_sub(last.queries);
+        let taken = totals.query_seconds - last.query_seconds;
+        fold.ticks += 1;
+        if queries > 0 && seconds > 0.0 {
+            let alone = if fold.alone > 0.0 {
+                Some(fold.alone_seconds / fold.alone)
+            } else {
+                rtt.map(|rtt| rtt.as_secs_f64())
+            };
+            let without = alone.map_or(taken, |alone| {
+                let interval = Interval {
+                    seconds,
+                    queries: queries as f64,
+                    query_seconds: taken,
+                    steps: totals.steps.saturating_sub(last.steps) as f64,
+                    checkouts: totals.checkouts.saturating_sub(last.checkouts) as f64,
+                    checkout_waits: totals.checkout_waits - last.checkout_waits,
+                    held_seconds: totals.held_seconds - last.held_seconds,
+                    alone,
+                    max_size: max_size.max(1) as f64,
+                };
+                queries as f64 * interval.without_pipelining()
+            });
+            self.without.inc_by(without.max(0.0));
+            fold.pending += without - taken;
+        }
+        // Fed every second, and as soon as the pool falls idle.
+        if fold.ticks >= CLAMP_TICKS || queries == 0 {
+            self.saved.inc_by(fold.pending.max(0.0));
+            fold.pending = 0.0;
+            fold.ticks = 0;
+        }
+    }
+}
+
+/// One query step's part, until dropped (see [`Saved::step`]).
+pub(crate) struct Step<'a>(&'a Saved, u64);
+
+impl Drop for Step<'_> {
+    fn drop(&mut self) {
+        if self.1 != 0 {
+            // Only if no other task's query started since.
+            let _ =
+                self.0
+                    .last_task
+                    .compare_exchange(self.1, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A task's id as a number (tokio's `Id` hashes as its `u64`).
+fn task_key(id: tokio::task::Id) -> u64 {
+    struct Key(u64);
+    impl std::hash::Hasher for Key {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for &b in bytes {
+                self.0 = self.0.rotate_left(8) ^ u64::from(b);
+            }
+        }
+        fn write_u64(&mut self, n: u64) {
+            self.0 = n;
+        }
+    }
+    let mut key = Key(0);
+    std::hash::Hash::hash(&id, &mut key);
+    key.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `callers` queries always in the pool, each alone taking 2 ms.
+    fn closed_loop(callers: f64, max_size: f64) -> Interval {
+        let (alone, seconds) = (0.002, 1.0);
+        let per_query = alone * (callers / max_size).max(1.0);
+        let queries = callers * seconds / per_query;
+        Interval {
+            seconds,
+            queries,
+            query_seconds: callers * seconds,
+            steps: queries,
+            checkouts: 0.0,
+            checkout_waits: 0.0,
+            held_seconds: 0.0,
+            alone,
+            max_size,
+        }
+    }
+
+    #[test]
+    fn without_pipelining_a_query_waits_only_for_want_of_connections() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+        // One caller with three queries at once: three connections of
+        // eight, no wait.
+        assert!(close(closed_loop(3.0, 8.0).without_pipelining(), 0.002));
+        assert!(close(closed_loop(8.0, 8.0).without_pipelining(), 0.002));
+        // 192 queries at once on 8 connections: 24 turns of 2 ms.
+        assert!(close(closed_loop(192.0, 8.0).without_pipelining(), 0.048));
+    }
+
+    #[test]
+    fn queries_sent_at_once_wait_as_one_step() {
+        // Each caller sends three queries at once: 64 callers on 8
+        // connections, 24 turns of 2 ms, whether or not they are told
+        // apart as steps.
+        let mut interval = closed_loop(192.0, 8.0);
+        for steps in [interval.queries, interval.queries / 3.0] {
+            interval.steps = steps;
+            let without = interval.without_pipelining();
+            assert!((without - 0.048).abs() < 1e-9, "{without}");
+        }
+    }
+
+    #[test]
+    fn checkouts_hold_connections_for_their_own_time() {
+        // 2 callers each cycle through four 2 ms queries and one 8 ms
+        // transaction (16 ms a cycle, if alone), on 1 connection: two
+        // cycles' work per cycle, so every step waits one step's mean
+        // hold (16/5 ms).
+        let cycles = 1.0 / (2.0 * 0.016);
+        let interval = Interval {
+            seconds: 1.0,
+            queries: 2.0 * 4.0 * cycles,
+            query_seconds: 2.0 * 4.0 * cycles * (0.002 + 0.0032),
+            steps: 2.0 * 4.0 * cycles,
+            checkouts: 2.0 * cycles,
+            checkout_waits: 2.0 * cycles * 0.0032,
+            held_seconds: 2.0 * cycles * 0.008,
+            alone: 0.002,
+            max_size: 1.0,
+        };
+        let without = interval.without_pipelining();
+        assert!((without - 0.0052).abs() < 1e-9, "{without}");
+    }
+
+    #[test]
+    fn a_burst_of_queries_beside_transactions_is_one_caller() {
+        // 2 callers each cycle through two bursts of three 2 ms queries
+        // and one 6 ms transaction (18 ms of work, 10 ms if alone with a
+        // connection per query) on 2 connections: 36 ms of work a cycle
+        // for both, 18 ms each; the three steps wait W each:
+        // 2·(2 + W) + 6 + W = 18, W = 8/3 ms.
+        let w = 0.008 / 3.0;
+        let cycles = 1.0 / 0.018;
+        let interval = Interval {
+            seconds: 1.0,
+            queries: 2.0 * 6.0 * cycles,
+            query_seconds: 2.0 * 6.0 * cycles * (0.002 + w),
+            steps: 2.0 * 2.0 * cycles,
+            checkouts: 2.0 * cycles,
+            checkout_waits: 2.0 * cycles * w,
+            held_seconds: 2.0 * cycles * 0.006,
+            alone: 0.002,
+            max_size: 2.0,
+        };
+        let without = interval.without_pipelining();
+        assert!((without - (0.002 + w)).abs() < 1e-9, "{without}");
+    }
+}
