@@ -19,37 +19,42 @@
 //!   (a `join!`: a query that starts while the last query to start, from
 //!   the same task, is still running), or an exclusive checkout (`get()`,
 //!   `begin()`). `k`: queries per query step.
-//! - `N`, the callers in the pool, by Little's law from the time spent in
-//!   it per second: the queries' (their durations, waits included) over
-//!   `k`, the checkouts' waits and the connections they hold.
+//! - `B`, the time callers spend between two steps of the same task (a
+//!   web service's own work between queries, a client's between requests
+//!   on a kept-alive connection; up to 1 s, past which a task counts as a
+//!   new caller): the end of each task's last step sits in a small table.
+//! - `N`, the callers, by Little's law from their time per second: the
+//!   queries' (durations, waits included) over `k`, the checkouts' waits
+//!   and holds, and `B`.
 //! - `H`, the connection-seconds the checkouts hold.
 //!
 //! Without pipelining, a closed loop of `N` callers on `c = max_size`
 //! connections keeps every connection busy once it needs more than `c`:
-//! the connections do `c` connection-seconds of work per second, a query
-//! `S`, a checkout its hold. Every step then waits the same `W` (a first
-//! come, first served queue, as deadpool's), and each caller's round of
-//! steps stretches by the ratio of the work it brings to `c`. Per interval,
-//! with `Q` queries, `Q/k` query steps and `K` checkouts:
+//! they do `c` connection-seconds of work per second (`S` a query, a
+//! checkout its hold), every step waits the same `W` (first come, first
+//! served, as deadpool's queue), and each caller's round stretches by the
+//! ratio of the work to `c`. Per interval, with `Q` queries in `Q/k` steps
+//! and `K` checkouts:
 //!
 //! ```text
-//! W = max(0, (N · (Q·S + H) / c − (Q/k · S + H)) / (Q/k + K))
+//! W = max(0, (N · (Q·S + H) / c − (Q/k · S + H + B)) / (Q/k + K))
 //! ```
 //!
 //! and a query would have taken `S + W`: `S` while the connections
 //! outnumber what the callers need, growing with the queue beyond. With
-//! only queries, `W = (N·k/c − 1) · S`: `S · max(1, L/c)` for `L` queries
-//! in the pool.
+//! only queries and no time between them, `S · max(1, L/c)` for `L`
+//! queries in the pool.
 //!
-//! What this assumes: callers that send their next step as soon as the
-//! last is answered (with time spent elsewhere between steps, more of them
-//! would be in the pool without pipelining, and this runs low); queries
-//! like the ones sent alone (`S`); the same server time and round trip
-//! with 1 connection busy as with `max_size` busy. A connection held for
-//! long (a `LISTEN`) counts as one more caller, not as one connection
-//! fewer. Steps of tasks that start queries at the same moment on two
-//! threads may be told apart wrongly (a burst split in two): only the mix
-//! of queries and checkouts feels it.
+//! What this assumes: the callers' time between steps stays what it was
+//! (time the pool cannot see, such as a request in a task of its own per
+//! connection, is not counted, and the estimate runs low); queries like
+//! the ones sent alone (`S`); the same server time and round trip with one
+//! connection busy as with `max_size`. A connection held for long (a
+//! `LISTEN`) counts as one more caller, not one connection fewer. Two
+//! tasks starting queries at the same moment on two threads may split a
+//! burst in two: only a mix of queries and checkouts feels it.
+
+mod steps;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -59,6 +64,8 @@ use prometheus::{Counter, Gauge, Histogram};
 
 use super::{Labels, opts};
 use crate::sync::lock;
+use steps::Steps;
+use steps::current_task;
 
 /// Recent alone queries count most: their weight falls by `e` every this.
 const DECAY: Duration = Duration::from_secs(2);
@@ -73,10 +80,8 @@ pub(crate) struct Saved {
     /// Pipelined queries sent alone, and their time (ns).
     alone: AtomicU64,
     alone_nanos: AtomicU64,
-    /// The task of the last pipelined query to start, while it runs (0:
-    /// none), and the query steps (see the module doc).
-    last_task: AtomicU64,
-    steps: AtomicU64,
+    /// The callers' steps and the time between them.
+    pub(crate) steps: Steps,
     /// Exclusive checkouts: begun, their waits (ns), the connections held
     /// now, the sum of their start stamps, and the time of those released.
     checkouts: AtomicU64,
@@ -113,6 +118,7 @@ struct Totals {
     alone: u64,
     alone_seconds: f64,
     steps: u64,
+    between: f64,
     checkouts: u64,
     checkout_waits: f64,
     held_seconds: f64,
@@ -127,6 +133,8 @@ struct Interval {
     query_seconds: f64,
     /// Query steps.
     steps: f64,
+    /// Time callers spent between two steps of the same task.
+    between: f64,
     checkouts: f64,
     checkout_waits: f64,
     /// Connection-seconds held by exclusive checkouts.
@@ -141,10 +149,13 @@ impl Interval {
     fn without_pipelining(&self) -> f64 {
         let steps = self.steps.clamp(1.0, self.queries.max(1.0));
         let per_step = self.queries / steps;
-        let callers = (self.query_seconds / per_step + self.checkout_waits + self.held_seconds)
+        let callers = (self.query_seconds / per_step
+            + self.checkout_waits
+            + self.held_seconds
+            + self.between)
             / self.seconds;
         let work = self.queries * self.alone + self.held_seconds;
-        let callers_work = steps * self.alone + self.held_seconds;
+        let callers_work = steps * self.alone + self.held_seconds + self.between;
         let wait = (callers * work / self.max_size - callers_work) / (steps + self.checkouts);
         self.alone + wait.max(0.0)
     }
@@ -156,8 +167,7 @@ impl Saved {
             epoch: Instant::now(),
             alone: AtomicU64::new(0),
             alone_nanos: AtomicU64::new(0),
-            last_task: AtomicU64::new(0),
-            steps: AtomicU64::new(0),
+            steps: Steps::default(),
             checkouts: AtomicU64::new(0),
             checkout_wait_nanos: AtomicU64::new(0),
             held: AtomicU64::new(0),
@@ -194,16 +204,6 @@ impl Saved {
         u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// A pipelined query starts: a new step unless the last query to start,
-    /// still running, is its own task's. The step's end is the guard's drop.
-    pub(crate) fn step(&self) -> Step<'_> {
-        let task = tokio::task::try_id().map_or(0, task_key);
-        if task == 0 || self.last_task.swap(task, Ordering::Relaxed) != task {
-            self.steps.fetch_add(1, Ordering::Relaxed);
-        }
-        Step(self, task)
-    }
-
     /// A pipelined query sent alone took `elapsed` to its answer.
     pub(crate) fn alone(&self, elapsed: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
@@ -219,6 +219,7 @@ impl Saved {
 
     /// A connection is held exclusively from `since`.
     pub(crate) fn held(&self, since: Instant) {
+        self.steps.arrive(current_task());
         self.checkouts.fetch_add(1, Ordering::Relaxed);
         self.held_since_nanos
             .fetch_add(self.stamp(since), Ordering::Relaxed);
@@ -227,6 +228,7 @@ impl Saved {
 
     /// The connection held from `since` is back.
     pub(crate) fn released(&self, since: Instant) {
+        self.steps.leave(current_task());
         let (start, end) = (self.stamp(since), self.stamp(Instant::now()));
         self.released_nanos
             .fetch_add(end.saturating_sub(start), Ordering::Relaxed);
@@ -247,7 +249,8 @@ impl Saved {
             query_seconds: durations.get_sample_sum(),
             alone: self.alone.load(Ordering::Relaxed),
             alone_seconds: seconds(self.alone_nanos.load(Ordering::Relaxed)),
-            steps: self.steps.load(Ordering::Relaxed),
+            steps: self.steps.count(),
+            between: self.steps.between(),
             checkouts: self.checkouts.load(Ordering::Relaxed),
             checkout_waits: seconds(self.checkout_wait_nanos.load(Ordering::Relaxed)),
             held_seconds: seconds(self.released_nanos.load(Ordering::Relaxed)) + open * 1e-9,
@@ -289,6 +292,7 @@ impl Saved {
                     queries: queries as f64,
                     query_seconds: taken,
                     steps: totals.steps.saturating_sub(last.steps) as f64,
+                    between: totals.between - last.between,
                     checkouts: totals.checkouts.saturating_sub(last.checkouts) as f64,
                     checkout_waits: totals.checkout_waits - last.checkout_waits,
                     held_seconds: totals.held_seconds - last.held_seconds,
@@ -309,42 +313,6 @@ impl Saved {
     }
 }
 
-/// One query step's part, until dropped (see [`Saved::step`]).
-pub(crate) struct Step<'a>(&'a Saved, u64);
-
-impl Drop for Step<'_> {
-    fn drop(&mut self) {
-        if self.1 != 0 {
-            // Only if no other task's query started since.
-            let _ =
-                self.0
-                    .last_task
-                    .compare_exchange(self.1, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
-    }
-}
-
-/// A task's id as a number (tokio's `Id` hashes as its `u64`).
-fn task_key(id: tokio::task::Id) -> u64 {
-    struct Key(u64);
-    impl std::hash::Hasher for Key {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            for &b in bytes {
-                self.0 = self.0.rotate_left(8) ^ u64::from(b);
-            }
-        }
-        fn write_u64(&mut self, n: u64) {
-            self.0 = n;
-        }
-    }
-    let mut key = Key(0);
-    std::hash::Hash::hash(&id, &mut key);
-    key.0
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,6 +327,7 @@ mod tests {
             queries,
             query_seconds: callers * seconds,
             steps: queries,
+            between: 0.0,
             checkouts: 0.0,
             checkout_waits: 0.0,
             held_seconds: 0.0,
@@ -392,6 +361,28 @@ mod tests {
     }
 
     #[test]
+    fn time_between_queries_keeps_callers_out_of_the_queue() {
+        // 16 callers, each 2 ms between queries that take 2 ms alone, on 4
+        // connections: 2000 queries/s at most, a caller's round 16/2000 s
+        // = 8 ms, so a query takes 6 ms. With pipelining they took 2.5 ms.
+        let rate = 16.0 / 0.0045;
+        let interval = Interval {
+            seconds: 1.0,
+            queries: rate,
+            query_seconds: rate * 0.0025,
+            steps: rate,
+            between: rate * 0.002,
+            checkouts: 0.0,
+            checkout_waits: 0.0,
+            held_seconds: 0.0,
+            alone: 0.002,
+            max_size: 4.0,
+        };
+        let without = interval.without_pipelining();
+        assert!((without - 0.006).abs() < 1e-9, "{without}");
+    }
+
+    #[test]
     fn checkouts_hold_connections_for_their_own_time() {
         // 2 callers each cycle through four 2 ms queries and one 8 ms
         // transaction (16 ms a cycle, if alone), on 1 connection: two
@@ -403,6 +394,7 @@ mod tests {
             queries: 2.0 * 4.0 * cycles,
             query_seconds: 2.0 * 4.0 * cycles * (0.002 + 0.0032),
             steps: 2.0 * 4.0 * cycles,
+            between: 0.0,
             checkouts: 2.0 * cycles,
             checkout_waits: 2.0 * cycles * 0.0032,
             held_seconds: 2.0 * cycles * 0.008,
@@ -427,6 +419,7 @@ mod tests {
             queries: 2.0 * 6.0 * cycles,
             query_seconds: 2.0 * 6.0 * cycles * (0.002 + w),
             steps: 2.0 * 2.0 * cycles,
+            between: 0.0,
             checkouts: 2.0 * cycles,
             checkout_waits: 2.0 * cycles * w,
             held_seconds: 2.0 * cycles * 0.006,
