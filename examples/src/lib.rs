@@ -8,7 +8,8 @@
 //!   once against `pgpipe::Executor`.
 //! - `GET /metrics`: the pool's Prometheus metrics.
 //! - `GET /healthz` (the process answers) and `GET /readyz` (the pool can
-//!   take work: open, not saturated), from `pool.status()`.
+//!   take work: open, not saturated, from `pool.status()`; and the service
+//!   is not shutting down, see [`AppState::start_draining`]).
 //!
 //! Errors map to HTTP without the server's text: an overloaded or closed
 //! pool is `503` with `Retry-After`, anything else `500` with a generic
@@ -17,9 +18,13 @@
 //! Settings come from the environment ([`pool_settings`]), and errors and
 //! the pool's own events go to a `tracing` subscriber.
 //!
-//! The binary (`src/main.rs`) says how to run it.
+//! The binary (`src/main.rs`) says how to run it, and how it stops
+//! ([`shutdown`]); `src/load.rs` is a load generator for it.
+
+pub mod shutdown;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -60,6 +65,7 @@ pub struct AppState {
     pool: Pool,
     registry: Registry,
     tables: Arc<Tables>,
+    draining: Arc<AtomicBool>,
 }
 
 /// The service's table names (a prefix keeps parallel tests apart), and
@@ -105,7 +111,15 @@ impl AppState {
             pool,
             registry,
             tables: Arc::new(Tables::new(prefix)),
+            draining: Arc::new(AtomicBool::new(false)),
         }
+    }
+
+    /// The service is shutting down: from now on `/readyz` answers `503`
+    /// (`draining`), so that the load balancer stops sending requests here,
+    /// while the requests that still arrive are served as before.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Creates the tables and `accounts` accounts of 100 each. DDL is
@@ -163,6 +177,9 @@ const SATURATED: usize = 1024;
 
 async fn ready(State(state): State<AppState>) -> Response {
     let status = state.pool.status();
+    if state.draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
     if state.pool.is_closed() {
         return (StatusCode::SERVICE_UNAVAILABLE, "closing").into_response();
     }

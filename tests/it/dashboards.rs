@@ -145,12 +145,31 @@ async fn every_expression_parses_and_names_exported_metrics() {
         "{} dashboard expressions",
         dashboard.len()
     );
-    assert_eq!(rules.len(), 12, "one recording rule and eleven alerts");
+    assert_eq!(
+        rules.len(),
+        16,
+        "four thresholds, one recording rule and eleven alerts"
+    );
     // A name with a colon is a recording rule's, defined in the same file.
     let recorded: BTreeSet<String> = rule_lines("record:").into_iter().collect();
-    assert_eq!(recorded.len(), 1);
+    assert_eq!(recorded.len(), 5);
+    // The alerts' thresholds are recording rules of their own, in one place
+    // a team can change, each used by an alert.
+    let thresholds: Vec<&String> = recorded
+        .iter()
+        .filter(|r| r.starts_with("pgpipe:threshold:"))
+        .collect();
+    assert_eq!(thresholds.len(), 4);
+    for threshold in thresholds {
+        let used = format!("scalar({threshold})");
+        assert!(
+            rules.iter().any(|e| e.contains(&used)),
+            "no alert compares with {threshold}"
+        );
+    }
     let mut used = BTreeSet::new();
-    for expr in dashboard.iter().chain(&rules) {
+    let constants = |e: &&String| !e.starts_with("vector(");
+    for expr in dashboard.iter().chain(rules.iter().filter(constants)) {
         let ast = parser::parse(expr).unwrap_or_else(|e| panic!("{expr}: {e}"));
         let mut names = BTreeSet::new();
         metric_names(&ast, &mut names);

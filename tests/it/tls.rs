@@ -16,13 +16,14 @@ use crate::support::{Scrape, assert_echoed, spawn_echoes};
 
 /// A certificate authority, and a server certificate it signed for
 /// `localhost` only.
-struct Certificates {
-    ca: CertificateDer<'static>,
+pub(crate) struct Certificates {
+    pub(crate) ca: CertificateDer<'static>,
+    pub(crate) ca_pem: String,
     server_pem: String,
     server_key_pem: String,
 }
 
-fn authority(name: &str) -> (rcgen::Certificate, KeyPair) {
+pub(crate) fn authority(name: &str) -> (rcgen::Certificate, KeyPair) {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.distinguished_name.push(DnType::CommonName, name);
@@ -30,7 +31,7 @@ fn authority(name: &str) -> (rcgen::Certificate, KeyPair) {
     (params.self_signed(&key).unwrap(), key)
 }
 
-fn certificates() -> Certificates {
+pub(crate) fn certificates() -> Certificates {
     let (ca, ca_key) = authority("pgpipe test CA");
     let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
     params
@@ -40,12 +41,13 @@ fn certificates() -> Certificates {
     let server = params.signed_by(&key, &ca, &ca_key).unwrap();
     Certificates {
         ca: ca.der().clone(),
+        ca_pem: ca.pem(),
         server_pem: server.pem(),
         server_key_pem: key.serialize_pem(),
     }
 }
 
-fn trusting(ca: &CertificateDer<'static>) -> ClientConfig {
+pub(crate) fn trusting(ca: &CertificateDer<'static>) -> ClientConfig {
     let mut roots = RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     let provider = Arc::new(pgpipe::rustls::crypto::ring::default_provider());
@@ -56,7 +58,7 @@ fn trusting(ca: &CertificateDer<'static>) -> ClientConfig {
         .with_no_client_auth()
 }
 
-fn tls_cluster(certs: &Certificates) -> Option<Cluster> {
+pub(crate) fn tls_cluster(certs: &Certificates) -> Option<Cluster> {
     match Cluster::builder()
         .setting("ssl", "on")
         .setting("ssl_cert_file", "server.crt")

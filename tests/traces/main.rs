@@ -51,6 +51,7 @@ async fn queries_have_spans_and_quarantines_are_events() {
         .max_exclusive(1)
         .pipelining(true)
         .pool_name("traced")
+        .log_slow_statements(std::time::Duration::from_millis(100))
         .build()
         .unwrap();
     let secret = "sentinel-parameter-value";
@@ -66,9 +67,25 @@ async fn queries_have_spans_and_quarantines_are_events() {
     )
     .await
     .unwrap();
+    // A failure is on its span, as OpenTelemetry's database conventions
+    // name it; a query past log_slow_statements is an event.
+    let e = pool.query("SELECT 1 / 0", &[]).await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("22012"));
+    pool.query("SELECT pg_sleep(0.2)", &[]).await.unwrap();
+    pool.query("SELECT 2", &[]).await.unwrap();
     drop(pool);
 
     let text = captured.text();
+    assert!(text.contains("error.type=\"22012\""), "{text}");
+    assert!(text.contains("db.response.status_code=\"22012\""), "{text}");
+    assert!(text.contains("otel.status_code=\"ERROR\""), "{text}");
+    let slow: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("slow statement"))
+        .collect();
+    assert_eq!(slow.len(), 1, "only the sleep was slow: {text}");
+    assert!(slow[0].contains("pgpipe::slow"), "{}", slow[0]);
+    assert!(slow[0].contains("outcome=\"ok\""), "{}", slow[0]);
     assert!(text.contains("pgpipe.query"), "{text}");
     assert!(text.contains("db.system.name=\"postgresql\""), "{text}");
     assert!(text.contains("db.operation.name=\"SELECT\""), "{text}");

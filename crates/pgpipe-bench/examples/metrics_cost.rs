@@ -21,6 +21,10 @@
 //! a `Sync` each, as before they were grouped on the primary). It also
 //! prints the size of the futures `pool.query_one` and
 //! `pool.read().query_one` return. The server comes from `DATABASE_URL`.
+//!
+//! `METRICS_COST_TASKS` and `METRICS_COST_CONNS` (default 8 and 1) set
+//! the tasks and the pool's `max_size`: 512 and 4 is the load of the
+//! profile in issue #25 (512 tasks waiting for places on 4 connections).
 
 use std::time::Instant;
 
@@ -34,10 +38,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let distinct = third.as_deref() == Some("distinct");
     let read = third.as_deref() == Some("read");
     let groups = third.as_deref() != Some("no-groups");
+    let env =
+        |name: &str, default: i64| std::env::var(name).map_or(Ok(default), |v| v.parse::<i64>());
+    let tasks = env("METRICS_COST_TASKS", 8)?;
+    let conns = env("METRICS_COST_CONNS", 1)?;
     let registry = prometheus::Registry::new();
     let mut builder = pgpipe::Pool::builder()
         .url(&pgpipe_test_support::database_url())
-        .max_size(1)
+        .max_size(conns as usize)
         .pipelining(true)
         .read_groups(groups);
     if !hol {
@@ -55,12 +63,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::mem::size_of_val(&pool.read().query_one("SELECT $1::int8", &[&0i64])),
     );
     let start = Instant::now();
-    // Eight tasks, so that queries pipeline as they would in a service.
-    let tasks: Vec<_> = (0..8)
+    // Eight tasks by default, so that queries pipeline as they would in a
+    // service.
+    let tasks: Vec<_> = (0..tasks)
         .map(|t| {
             let pool = pool.clone();
             tokio::spawn(async move {
-                for i in 0..queries / 8 {
+                for i in 0..queries / tasks {
                     let v = t * 1_000_000 + i;
                     let row = if distinct {
                         let sql = format!("SELECT $1::int8 /* {v} */");

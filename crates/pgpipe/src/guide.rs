@@ -18,7 +18,8 @@
 //! - [Transactions, batches, LISTEN/NOTIFY and the executor
 //!   trait](transactions): [`Executor`](crate::Executor),
 //!   [`Pool::begin`](crate::Pool::begin) against
-//!   [`Pool::get`](crate::Pool::get), isolated and atomic batches.
+//!   [`Pool::get`](crate::Pool::get), isolated and atomic batches,
+//!   [`Listener`](crate::Listener).
 //!
 //! Running it:
 //!

@@ -5,8 +5,9 @@
 // `begin()` through it; `tests/layering.rs` fails on an import that
 // climbs):
 //
-// pool, builder, routed, slow, batch, executor   the public API: `Pool`
-//              and its handles, each method a short delegate to hosts.
+// pool, builder, routed, slow, batch, executor, listener   the public
+//              API: `Pool` and its handles, each method a short delegate to
+//              hosts.
 // hosts        the servers behind a pool: each one's write and read lanes,
 //              the monitor and its election, and the one dispatcher that
 //              picks a lane and runs again only what cannot have run.
@@ -39,6 +40,7 @@ mod executor;
 pub mod guide;
 mod hosts;
 mod lane;
+mod listener;
 mod metrics;
 mod ordered;
 mod pool;
@@ -56,15 +58,20 @@ pub use answer::Answer;
 pub use batch::{Batch, BatchResults};
 pub use builder::PoolBuilder;
 pub use config::{PoolConfig, Routing, SessionCleanup};
+pub use conn::tls::TlsSocket;
 pub use error::{Error, ErrorKind};
-pub use exclusive::{Connection, OwnedTransaction, Transaction};
+pub use exclusive::{
+    Connection, OwnedTransaction, Transaction, TransactionBuilder, TransactionOptions,
+};
 pub use executor::Executor;
+pub use listener::{Event, Gap, Listener};
 pub use pool::Pool;
 pub use pooler::{Pooler, Prepare};
 pub use routed::Routed;
 pub use slow::Slow;
 pub use status::Status;
 pub use target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
+pub use tokio_postgres::IsolationLevel;
 
 /// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
 /// match the ones pgpipe was built with.

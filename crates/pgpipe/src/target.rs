@@ -197,7 +197,14 @@ pub enum ReplicaFallback {
 /// `key=value`), which tokio-postgres would reject for the values it does
 /// not know; returns the rest and the value, if any.
 pub(crate) fn take_target(url: &str) -> Result<(String, Option<TargetSessionAttrs>), Error> {
-    const KEY: &str = "target_session_attrs";
+    let (rest, value) = take_param(url, "target_session_attrs")?;
+    Ok((rest, value.map(|v| v.parse()).transpose()?))
+}
+
+/// Takes the parameter `key` out of a connection string (URL or
+/// `key=value`): the rest, and its value (percent-decoded in a URL), if
+/// any.
+pub(crate) fn take_param(url: &str, key: &str) -> Result<(String, Option<String>), Error> {
     let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
     if is_url {
         let Some((base, query)) = url.split_once('?') else {
@@ -207,7 +214,7 @@ pub(crate) fn take_target(url: &str) -> Result<(String, Option<TargetSessionAttr
         let mut kept = Vec::new();
         for pair in query.split('&') {
             match pair.split_once('=') {
-                Some((KEY, value)) => found = Some(value.parse()?),
+                Some((k, value)) if k == key => found = Some(percent_decoded(value)?),
                 _ => kept.push(pair),
             }
         }
@@ -218,14 +225,14 @@ pub(crate) fn take_target(url: &str) -> Result<(String, Option<TargetSessionAttr
         };
         return Ok((rest, found));
     }
-    // key=value: cut out just `target_session_attrs = value` (libpq allows
-    // spaces around `=`, and quotes), leaving every other byte as it was
-    // (a quoted password keeps its spaces).
+    // key=value: cut out just `key = value` (libpq allows spaces around
+    // `=`, and quotes), leaving every other byte as it was (a quoted
+    // password keeps its spaces).
     let bytes = url.as_bytes();
     let mut at = 0;
-    while let Some(offset) = url[at..].find(KEY) {
+    while let Some(offset) = url[at..].find(key) {
         let start = at + offset;
-        let mut i = start + KEY.len();
+        let mut i = start + key.len();
         at = i;
         if start > 0 && !bytes[start - 1].is_ascii_whitespace() {
             continue;
@@ -252,12 +259,33 @@ pub(crate) fn take_target(url: &str) -> Result<(String, Option<TargetSessionAttr
         {
             end += 1;
         }
-        let target = url[value_start..end].parse()?;
+        let value = url[value_start..end].to_owned();
         let end = (end + usize::from(quoted)).min(bytes.len());
         let rest = format!("{}{}", &url[..start], &url[end..]);
-        return Ok((rest.trim().to_owned(), Some(target)));
+        return Ok((rest.trim().to_owned(), Some(value)));
     }
     Ok((url.to_owned(), None))
+}
+
+/// A URL parameter's value with its `%XX` escapes decoded.
+fn percent_decoded(value: &str) -> Result<String, Error> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = value
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| Error::config(format!("a bad %-escape in {value:?}")))?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| Error::config(format!("{value:?} is not UTF-8")))
 }
 
 #[cfg(test)]

@@ -6,7 +6,10 @@
 //! first keyword, which the guard reads anyway), and pgpipe's own
 //! `pgpipe.pool`, `pgpipe.route` (`shared` or `exclusive`), `pgpipe.slow`,
 //! `pgpipe.ahead` (queries before it on its connection) and
-//! `pgpipe.queued_us`. Never a parameter, and never SQL text.
+//! `pgpipe.queued_us`; on failure `error.type`, `db.response.status_code`
+//! and `otel.status_code`. A query slower than `log_slow_statements` is a
+//! `warn` event of target `pgpipe::slow`. Never a parameter, and never SQL
+//! text.
 
 /// The first keyword of `sql`, upper case, for `db.operation.name`; one of
 /// a fixed set, so that it is never user data.
@@ -63,6 +66,40 @@ impl<'a> Trace<'a> {
                     .record("pgpipe.queued_us", since.elapsed().as_micros() as u64);
             }
         }
+    }
+
+    /// It failed: the span records the error as OpenTelemetry's database
+    /// conventions name it (`error.type`: the SQLSTATE, or the error's
+    /// kind when the server sent none; `db.response.status_code`: the
+    /// SQLSTATE) and `otel.status_code = "ERROR"`.
+    #[cfg(feature = "tracing")]
+    pub(crate) fn failed(&self, error: &crate::error::Error) {
+        {
+            let kind = format!("{:?}", error.kind());
+            match error.code() {
+                Some(code) => {
+                    self.span.record("error.type", code.code());
+                    self.span.record("db.response.status_code", code.code());
+                }
+                None => {
+                    self.span.record("error.type", kind.as_str());
+                }
+            }
+            self.span.record("otel.status_code", "ERROR");
+        }
+    }
+
+    /// It took `took`, past the pool's `log_slow_statements`.
+    #[cfg(feature = "tracing")]
+    pub(crate) fn slow(&self, sql: &str, took: std::time::Duration, ok: bool) {
+        tracing::warn!(
+            target: "pgpipe::slow",
+            parent: self.span,
+            duration_ms = took.as_secs_f64() * 1e3,
+            db.operation.name = operation(sql),
+            outcome = if ok { "ok" } else { "error" },
+            "slow statement"
+        );
     }
 
     /// Its shared connection was lost under it.

@@ -19,6 +19,31 @@ pub(crate) async fn call(
     (status, body)
 }
 
+/// As [`call`], or `None` when the connection is refused or closed
+/// without an answer.
+pub(crate) async fn try_call(
+    addr: std::net::SocketAddr,
+    method: Method,
+    path: &str,
+    body: &str,
+) -> Option<(StatusCode, String)> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .ok()?;
+    let response = sender.send_request(request).await.ok()?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await.ok()?.to_bytes();
+    Some((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
 /// As [`call`], with the `Retry-After` header of the answer.
 pub(crate) async fn call_with_retry_after(
     addr: std::net::SocketAddr,

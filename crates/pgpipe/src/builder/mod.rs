@@ -8,6 +8,7 @@
 
 mod servers;
 mod settings;
+mod tls;
 mod url;
 
 use tokio_postgres::config::SslMode;
@@ -21,6 +22,7 @@ use crate::lane::Setup;
 use crate::pool::Pool;
 use crate::pooler::Pooler;
 use crate::target::TargetSessionAttrs;
+use tls::{SslSettings, connector_for};
 use url::{ReadOnly, default_pool_name, escape_option, split_hosts};
 
 /// Builds a [`Pool`]; start with [`Pool::builder`].
@@ -40,6 +42,8 @@ use url::{ReadOnly, default_pool_name, escape_option, split_hosts};
 #[derive(Debug, Default)]
 pub struct PoolBuilder {
     server: Option<Result<tokio_postgres::Config, String>>,
+    /// What the server's URL says of TLS beyond what tokio-postgres reads.
+    server_ssl: SslSettings,
     config: PoolConfig,
     registry: Option<prometheus::Registry>,
     tls: Tls,
@@ -48,7 +52,7 @@ pub struct PoolBuilder {
     /// pipeline is refused, not quietly lowered.
     depth_given: bool,
     /// Standbys (or any further hosts), as given to [`replicas`](Self::replicas).
-    replicas: Vec<Result<tokio_postgres::Config, String>>,
+    replicas: Vec<Result<(tokio_postgres::Config, SslSettings), String>>,
     /// `target_session_attrs` from the URL, which tokio-postgres is never
     /// shown.
     target: Option<Result<TargetSessionAttrs, String>>,
@@ -75,11 +79,12 @@ impl PoolBuilder {
         if server.get_hosts().is_empty() && server.get_hostaddrs().is_empty() {
             return Err(Error::config("the connection config names no host"));
         }
-        if server.get_ssl_mode() == SslMode::Require && !self.tls.is_configured() {
-            return Err(Error::config(
-                "sslmode=require needs TLS: give the builder a rustls ClientConfig with \
-                 .tls() (feature `rustls`)",
-            ));
+        let server_tls = connector_for(&self.tls, &self.server_ssl).map_err(Error::config)?;
+        if server.get_ssl_mode() == SslMode::Require
+            && !self.tls.is_configured()
+            && server_tls.is_none()
+        {
+            return Err(Error::config(NEEDS_TLS));
         }
         self.config.validate().map_err(Error::config)?;
         if self.depth_given && self.config.max_pipeline_depth > 1 {
@@ -123,17 +128,18 @@ impl PoolBuilder {
             Some(Ok(target)) => Some(target),
             Some(Err(message)) => return Err(Error::config(message)),
         };
-        let mut servers = vec![server.clone()];
+        let mut servers = vec![(server.clone(), server_tls)];
         for replica in self.replicas {
-            let mut replica = replica.map_err(Error::config)?;
+            let (mut replica, ssl) = replica.map_err(Error::config)?;
+            let replica_tls = connector_for(&self.tls, &ssl).map_err(Error::config)?;
             if replica.get_hosts().is_empty() && replica.get_hostaddrs().is_empty() {
                 return Err(Error::config("a replica's connection string names no host"));
             }
-            if replica.get_ssl_mode() == SslMode::Require && !self.tls.is_configured() {
-                return Err(Error::config(
-                    "a replica's sslmode=require needs TLS: give the builder a rustls \
-                     ClientConfig with .tls() (feature `rustls`)",
-                ));
+            if replica.get_ssl_mode() == SslMode::Require
+                && !self.tls.is_configured()
+                && replica_tls.is_none()
+            {
+                return Err(Error::config(format!("a replica's {NEEDS_TLS}")));
             }
             if replica.get_connect_timeout().is_none() {
                 replica.connect_timeout(self.config.connect_timeout);
@@ -144,7 +150,7 @@ impl PoolBuilder {
             if !startup.is_empty() {
                 replica.options(server.get_options().unwrap_or_default());
             }
-            servers.push(replica);
+            servers.push((replica, replica_tls));
         }
         let read_only = match self.config.pooler {
             Pooler::None => ReadOnly::Options,
@@ -152,8 +158,8 @@ impl PoolBuilder {
             _ => ReadOnly::NotEnforced,
         };
         let mut endpoints: Vec<Endpoint> = Vec::new();
-        for server in &servers {
-            for endpoint in split_hosts(server, read_only)? {
+        for (server, tls) in &servers {
+            for endpoint in split_hosts(server, read_only, tls)? {
                 if endpoints.iter().any(|e| e.label == endpoint.label) {
                     return Err(Error::config(format!(
                         "{} is listed twice; give each host once",
@@ -187,6 +193,11 @@ impl PoolBuilder {
         Pool::new(endpoints, self.config.effective(), setup, settings)
     }
 }
+
+/// Why a server's `sslmode=require` cannot be met.
+const NEEDS_TLS: &str = "sslmode=require needs TLS: give the builder a connector with \
+     .tls_connector() (or a rustls ClientConfig with .tls(), feature `rustls`), or an \
+     sslrootcert=<file> in the URL (feature `rustls`)";
 
 /// The `application_name` of the pool's connections when the URL names none.
 pub(crate) const DEFAULT_APPLICATION_NAME: &str = "pgpipe";

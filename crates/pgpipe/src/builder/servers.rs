@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::PoolBuilder;
+use super::tls::take_ssl;
 use super::url::parse;
 use crate::target::ReplicaFallback;
 // For doc links only.
@@ -22,7 +23,10 @@ impl PoolBuilder {
     pub fn url(mut self, url: &str) -> Self {
         match crate::target::take_target(url) {
             Ok((url, target)) => {
-                self.server = Some(parse(&url));
+                self.server = Some(take_ssl(&url).and_then(|(url, ssl)| {
+                    self.server_ssl = ssl;
+                    parse(&url)
+                }));
                 self.target = target.map(Ok);
             }
             Err(e) => self.target = Some(Err(e.to_string())),
@@ -57,7 +61,10 @@ impl PoolBuilder {
         self.replicas = urls
             .into_iter()
             .map(|url| match crate::target::take_target(url) {
-                Ok((url, None)) => parse(&url),
+                Ok((url, None)) => {
+                    let (url, ssl) = take_ssl(&url)?;
+                    Ok((parse(&url)?, ssl))
+                }
                 Ok((_, Some(_))) => Err(
                     "target_session_attrs belongs to the primary's URL (or .url()), not to a \
                      replica's: the pool routes to replicas by role"

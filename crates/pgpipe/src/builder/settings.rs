@@ -1,12 +1,15 @@
 //! The builder's setters of the pool's settings: all at once
 //! (`pool_config`), or one [`PoolConfig`] field each (`max_size` …
-//! `session_cleanup`, `pool_name`); and what it is set up with (`tls`,
-//! `registry`).
+//! `session_cleanup`, `pool_name`); and what it is set up with
+//! (`tls_connector`, `tls`, `registry`).
 
 use std::time::Duration;
 
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect, TlsStream};
+
 use super::PoolBuilder;
 use crate::config::{PoolConfig, Routing, SessionCleanup};
+use crate::conn::tls::{Tls, TlsSocket};
 use crate::pooler::{Pooler, Prepare};
 // For doc links only.
 #[cfg(doc)]
@@ -197,6 +200,14 @@ impl PoolBuilder {
         self
     }
 
+    /// With the `tracing` feature, logs a query that takes at least
+    /// `threshold` as a `warn` event (target `pgpipe::slow`); `None` logs
+    /// none. See [`PoolConfig::log_slow_statements`]. Default: 1 s.
+    pub fn log_slow_statements(mut self, threshold: impl Into<Option<Duration>>) -> Self {
+        self.config.log_slow_statements = threshold.into();
+        self
+    }
+
     /// When a shared session is cleaned behind a query: see
     /// [`PoolConfig::session_cleanup`] and [`SessionCleanup`]. Default:
     /// behind code the guard cannot read.
@@ -205,14 +216,59 @@ impl PoolBuilder {
         self
     }
 
-    /// Connects with TLS (rustls), when the server offers it (`sslmode=prefer`,
-    /// the default) or always (`sslmode=require`). Which certificate
-    /// authorities are trusted is `config`'s to say, and the certificate
-    /// must name the connection's host: both checks fail closed.
+    /// Connects with TLS through `connector`, any tokio-postgres connector
+    /// (`postgres_openssl::MakeTlsConnector`,
+    /// `postgres_native_tls::MakeTlsConnector`,
+    /// `tokio_postgres_rustls::MakeRustlsConnect`, or one of your own):
+    /// when the server offers it (`sslmode=prefer`, the default) or always
+    /// (`sslmode=require`, `verify-ca`, `verify-full`). Which authorities
+    /// are trusted and whether the host name is checked are the
+    /// connector's to decide (the three named check both by default).
+    /// Cancel requests go through it too; the pool's tap sits above the
+    /// encryption, so pipelining and the metrics see the protocol.
     ///
     /// ```no_run
-    /// # fn demo(roots: pgpipe::rustls::RootCertStore) -> Result<(), pgpipe::Error> {
-    /// let tls = pgpipe::rustls::ClientConfig::builder()
+    /// # fn demo(connector: tokio_postgres_rustls::MakeRustlsConnect) -> Result<(), pgpipe::Error> {
+    /// let pool = pgpipe::Pool::builder()
+    ///     .url("postgres://app@db.example.com/app?sslmode=verify-full")
+    ///     .tls_connector(connector)
+    ///     .build()?;
+    /// # let _ = pool;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn tls_connector<M>(mut self, connector: M) -> Self
+    where
+        M: MakeTlsConnect<TlsSocket> + Clone + Send + Sync + 'static,
+        M::Stream: TlsStream + Unpin + Send + 'static,
+        M::TlsConnect: Send + 'static,
+        M::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        <M::TlsConnect as TlsConnect<TlsSocket>>::Future: Send + 'static,
+        <M::TlsConnect as TlsConnect<TlsSocket>>::Error:
+            Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.tls = Tls::new(connector, "connector");
+        self
+    }
+
+    /// Connects with TLS through rustls with `config`, as
+    /// [`tls_connector`](Self::tls_connector) does: its authorities are
+    /// trusted and the certificate must name the connection's host. Build
+    /// `config` with the crypto provider your application uses
+    /// (`builder_with_provider`): this crate enables none, so it cannot
+    /// make `ClientConfig::builder()` ambiguous.
+    ///
+    /// Without a connector, a URL's `sslmode=verify-full` or `verify-ca`
+    /// with `sslrootcert=/path/root.crt` makes one (rustls, with the
+    /// process' default provider): see the guide's configuration page.
+    ///
+    /// ```no_run
+    /// # fn demo(
+    /// #     roots: pgpipe::rustls::RootCertStore,
+    /// #     provider: std::sync::Arc<pgpipe::rustls::crypto::CryptoProvider>,
+    /// # ) -> Result<(), Box<dyn std::error::Error>> {
+    /// let tls = pgpipe::rustls::ClientConfig::builder_with_provider(provider)
+    ///     .with_safe_default_protocol_versions()?
     ///     .with_root_certificates(roots)
     ///     .with_no_client_auth();
     /// let pool = pgpipe::Pool::builder()
@@ -225,7 +281,8 @@ impl PoolBuilder {
     /// ```
     #[cfg(feature = "rustls")]
     pub fn tls(mut self, config: rustls::ClientConfig) -> Self {
-        self.tls.rustls = Some(tokio_postgres_rustls::MakeRustlsConnect::new(config));
+        let connector = tokio_postgres_rustls::MakeRustlsConnect::new(config);
+        self.tls = Tls::new(connector, "rustls");
         self
     }
 

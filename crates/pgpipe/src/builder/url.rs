@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use tokio_postgres::config::Host;
 
+use crate::conn::tls::Tls;
 use crate::error::Error;
 use crate::hosts::Endpoint;
 
@@ -44,6 +45,7 @@ pub(crate) enum ReadOnly {
 pub(super) fn split_hosts(
     server: &tokio_postgres::Config,
     read_only: ReadOnly,
+    tls: &Option<Tls>,
 ) -> Result<Vec<Endpoint>, Error> {
     let hosts = server.get_hosts();
     let addrs = server.get_hostaddrs();
@@ -101,6 +103,7 @@ pub(super) fn split_hosts(
             read,
             read_after_connect: read_only == ReadOnly::AfterConnect,
             read_only: read_only != ReadOnly::NotEnforced,
+            tls: tls.clone(),
         });
     }
     Ok(endpoints)

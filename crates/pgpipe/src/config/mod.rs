@@ -224,6 +224,15 @@ pub struct PoolConfig {
     /// Default: 5 ms.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub slow_query_threshold: Option<Duration>,
+    /// With the `tracing` feature: a query through the pool or one of its
+    /// handles that takes at least this long, waiting included, is logged
+    /// as a `warn` event (target `pgpipe::slow`) with its duration, its
+    /// first keyword, its pool and its outcome (never SQL text or
+    /// parameters). `None` logs none.
+    ///
+    /// Default: 1 s.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub log_slow_statements: Option<Duration>,
     /// When a shared session is cleaned behind a query.
     ///
     /// Default: [`SessionCleanup::UnknownCode`].
@@ -318,6 +327,7 @@ impl Default for PoolConfig {
             max_result_bytes: Some(64 << 20),
             max_result_rows: None,
             slow_query_threshold: Some(Duration::from_millis(5)),
+            log_slow_statements: Some(Duration::from_secs(1)),
             session_cleanup: SessionCleanup::default(),
             session_settings: BTreeMap::new(),
             after_connect: None,

@@ -103,6 +103,7 @@ impl PoolConfig {
             ("max_lifetime", self.max_lifetime),
             ("idle_timeout", self.idle_timeout),
             ("slow_query_threshold", self.slow_query_threshold),
+            ("log_slow_statements", self.log_slow_statements),
         ];
         if let Some((name, _)) = positive
             .iter()

@@ -59,16 +59,34 @@ impl Notifications {
     /// The oldest unread notification, waiting for one; `None` once the
     /// connection closed with nothing left to read.
     pub(crate) async fn next(&self) -> Option<Notification> {
+        self.next_counted()
+            .await
+            .map(|(notification, _)| notification)
+    }
+
+    /// As [`next`](Notifications::next), with how many had been dropped
+    /// when it was taken: read under the same lock as the queue, so every
+    /// drop it counts was of a notification older than this one (drops
+    /// take the oldest).
+    pub(crate) async fn next_counted(&self) -> Option<(Notification, u64)> {
         loop {
             let arrived = self.arrived.notified();
-            if let Some(notification) = self.try_next() {
-                return Some(notification);
+            if let Some(counted) = self.try_next_counted() {
+                return Some(counted);
             }
             if self.closed.load(Ordering::Acquire) {
                 return None;
             }
             arrived.await;
         }
+    }
+
+    /// As [`try_next`](Notifications::try_next), counted as
+    /// [`next_counted`](Notifications::next_counted) counts.
+    pub(crate) fn try_next_counted(&self) -> Option<(Notification, u64)> {
+        let mut queue = lock(&self.queue);
+        let notification = queue.pop_front()?;
+        Some((notification, self.dropped.load(Ordering::Relaxed)))
     }
 
     /// Forgets what was not read (the session is being reset).

@@ -8,9 +8,11 @@ use deadpool::managed::Object;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Notification, Statement};
 
+use super::options::{TransactionBuilder, TransactionOptions};
 use super::transaction::Parts;
 use super::{Claim, Transaction};
 use crate::answer::{Answer, Op};
+use crate::conn::notifications::Notifications;
 use crate::conn::run::{self, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
@@ -82,6 +84,39 @@ impl Connection {
     ///
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn transaction(&mut self) -> Result<Transaction<'_>, Error> {
+        self.transaction_with(TransactionOptions::new()).await
+    }
+
+    /// A transaction with an isolation level, read-only or deferrable, as
+    /// tokio-postgres' builder of the same name, started with
+    /// [`start`](TransactionBuilder::start): pgpipe's [`Transaction`], with
+    /// this connection's statement cache and the pool's metrics.
+    ///
+    /// ```no_run
+    /// use pgpipe::{Executor, IsolationLevel};
+    ///
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let mut conn = pool.get().await?;
+    /// let tx = conn
+    ///     .build_transaction()
+    ///     .isolation_level(IsolationLevel::RepeatableRead)
+    ///     .start()
+    ///     .await?;
+    /// let total: i64 = tx.query_one("SELECT count(*) FROM orders", &[]).await?.get(0);
+    /// tx.commit().await?;
+    /// # let _ = total;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn build_transaction(&mut self) -> TransactionBuilder<'_> {
+        TransactionBuilder::new(self)
+    }
+
+    /// Starts a transaction with `options`.
+    pub(super) async fn transaction_with(
+        &mut self,
+        options: TransactionOptions,
+    ) -> Result<Transaction<'_>, Error> {
         // `client.transaction()` needs the client mutably while the cache,
         // the state and the peer stay borrowed: split the borrow.
         let PgConn {
@@ -92,7 +127,7 @@ impl Connection {
             peer,
             ..
         } = &mut *self.object;
-        let inner = client.transaction().await?;
+        let inner = options.apply(client.build_transaction()).start().await?;
         let parts = Parts {
             cache,
             descriptions: descriptions.as_ref(),
@@ -123,7 +158,8 @@ impl Connection {
     /// `UNLISTEN *` included). A lost connection loses its `LISTEN`s: after
     /// [`ErrorKind::ConnectionLost`], check out another connection, `LISTEN`
     /// again, and catch up on anything that happened meanwhile from the
-    /// tables themselves.
+    /// tables themselves; [`Pool::listener`](crate::Pool::listener) does
+    /// that for you.
     ///
     /// # Errors
     ///
@@ -215,6 +251,11 @@ impl Connection {
     /// [`ErrorKind::ConnectionLost`] when the connection broke.
     pub async fn prepare_cached(&self, sql: &str) -> Result<Statement, Error> {
         run::named_statement(self.object.target(), sql).await
+    }
+
+    /// What `LISTEN` brought in on it, for a [`Listener`](crate::Listener).
+    pub(crate) fn notifications(&self) -> &Notifications {
+        &self.object.notifications
     }
 
     /// The pooled connection underneath.

@@ -14,6 +14,7 @@
 //! lets the router use the connection again ([`Router::dispatch`]).
 
 mod connection;
+mod options;
 mod owned;
 mod transaction;
 
@@ -26,6 +27,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 pub use connection::Connection;
+pub use options::{TransactionBuilder, TransactionOptions};
 pub(crate) use owned::NotBegun;
 pub use owned::OwnedTransaction;
 pub use transaction::Transaction;
@@ -68,6 +70,11 @@ pub(crate) enum Holder {
     /// `Caller`, but the last user's session is reset in the same write as
     /// the `BEGIN`, not a round trip before it.
     Begin,
+    /// A [`Listener`](crate::Listener): its `LISTEN`s are reset after, as
+    /// `Caller`'s session, but its hold (as long as the listener lives) is
+    /// not timed in `exclusive_hold_seconds`, where it would drown the
+    /// checkouts that histogram is for.
+    Listener,
     /// The pool, for queries the guard has checked (with pipelining off):
     /// whatever their code may leave is cleaned behind them.
     Pool,
@@ -237,7 +244,9 @@ impl Exclusive {
                 let get = self.pg.timeout_get(&timeouts);
                 CALLER_RESETS.scope((), get).await
             }
-            Holder::Caller | Holder::Pool => self.pg.timeout_get(&timeouts).await,
+            Holder::Caller | Holder::Listener | Holder::Pool => {
+                self.pg.timeout_get(&timeouts).await
+            }
         };
         drop(waiting);
         let object = object.map_err(|e| Error::from_pool(e, "an exclusive connection"))?;
@@ -247,7 +256,7 @@ impl Exclusive {
         object.state.life.set_exclusive(true);
         let held = match holder {
             Holder::Caller | Holder::Begin => self.metrics.clone(),
-            Holder::Pool => None,
+            Holder::Listener | Holder::Pool => None,
         };
         Ok(Connection::new(object, claim, self.run, held))
     }

@@ -32,6 +32,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use super::Connection;
+use super::options::TransactionOptions;
 use crate::answer::{Answer, Op};
 use crate::conn::manager::RECYCLE_PATIENCE;
 use crate::conn::run;
@@ -77,7 +78,11 @@ pub(crate) enum NotBegun {
 impl OwnedTransaction {
     /// Begins a transaction on `conn`, resetting the last user's session in
     /// the same write if that is still owed.
-    pub(crate) async fn begin(mut conn: Connection) -> Result<OwnedTransaction, NotBegun> {
+    pub(crate) async fn begin(
+        mut conn: Connection,
+        options: TransactionOptions,
+    ) -> Result<OwnedTransaction, NotBegun> {
+        let begin = options.begin_sql();
         let owed = conn.take_reset_owed();
         let pg = conn.pg_conn();
         // Nothing of the caller's has been sent: whatever fails here may be
@@ -85,7 +90,7 @@ impl OwnedTransaction {
         let failed = |e| Error::from_query(e, pg.client.is_closed()).unsent();
         let begun = if owed {
             let both = in_order(pg.reset_session(), async {
-                pg.client.batch_execute("BEGIN").await.map_err(failed)
+                pg.client.batch_execute(&begin).await.map_err(failed)
             });
             // As patient as a checkout's own reset (`recycle`).
             match tokio::time::timeout(RECYCLE_PATIENCE, both).await {
@@ -114,7 +119,7 @@ impl OwnedTransaction {
                 }
             }
         } else {
-            pg.client.batch_execute("BEGIN").await.map_err(failed)
+            pg.client.batch_execute(&begin).await.map_err(failed)
         };
         begun.map_err(NotBegun::Failed)?;
         Ok(OwnedTransaction { conn, ended: false })

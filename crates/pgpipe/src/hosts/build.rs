@@ -3,6 +3,7 @@
 
 use super::{Host, HostSettings, Hosts};
 use crate::config::PoolConfig;
+use crate::conn::tls::Tls;
 use crate::error::Error;
 use crate::lane::{LaneRecipe, Setup};
 use crate::metrics::{HostMetrics, Labels};
@@ -21,6 +22,9 @@ pub(crate) struct Endpoint {
     /// Whether the read lane's sessions are read-only at all (not behind a
     /// transaction pooler).
     pub(crate) read_only: bool,
+    /// Its own TLS connector (made from its URL's `sslrootcert`), or
+    /// `None` for the pool's.
+    pub(crate) tls: Option<Tls>,
 }
 
 impl Hosts {
@@ -45,7 +49,7 @@ impl Hosts {
                     lane: Some(lane),
                 },
                 registry: setup.registry.clone(),
-                tls: setup.tls.clone(),
+                tls: endpoint.tls.clone().unwrap_or_else(|| setup.tls.clone()),
                 build_info: i == 0 && lane == "write",
             };
             let mut write_config = config.clone();

@@ -79,7 +79,8 @@ pub(crate) struct Hosts {
     /// Whether the read lanes' sessions are read-only (not behind a
     /// transaction pooler): a read lost on one cannot have written.
     pub(crate) reads_enforced: bool,
-    /// Wakes tasks waiting for a round (a primary, or a retry's answer).
+    /// Wakes tasks waiting for a round (a primary, or a retry's answer),
+    /// and those waiting for the pool to close ([`closed`](Hosts::closed)).
     round_done: Notify,
     /// Wakes the monitor for a round now.
     pub(crate) trigger: Arc<Notify>,
@@ -173,6 +174,19 @@ impl Hosts {
 
     pub(crate) fn is_closed(&self) -> bool {
         self.hosts[0].write.is_closed()
+    }
+
+    /// Resolves once the pool is closed: for a task that holds a connection
+    /// while it waits for something else (a listener), so that it gives the
+    /// connection back.
+    pub(crate) async fn closed(&self) {
+        loop {
+            let woken = self.round_done.notified();
+            if self.is_closed() {
+                return;
+            }
+            woken.await;
+        }
     }
 
     /// Asks the monitor for a round now.

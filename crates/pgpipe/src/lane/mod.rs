@@ -293,10 +293,16 @@ impl Lane {
 
     /// Records how long a query or checkout waited for its connection.
     pub(crate) fn waited(&self, since: Option<Instant>) {
+        self.waited_until(since, None);
+    }
+
+    /// As [`waited`](Lane::waited), the wait ending at `now` (read from the
+    /// clock if `None`).
+    pub(crate) fn waited_until(&self, since: Option<Instant>, now: Option<Instant>) {
         if let (Some(metrics), Some(since)) = (&self.metrics, since) {
-            metrics
-                .connection_wait
-                .observe(since.elapsed().as_secs_f64());
+            let now = now.unwrap_or_else(Instant::now);
+            let waited = now.saturating_duration_since(since);
+            metrics.connection_wait.observe_duration(waited);
         }
     }
 

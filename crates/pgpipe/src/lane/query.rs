@@ -44,6 +44,9 @@ fn span(pool: &Lane, sql: &str, slow: bool) -> tracing::Span {
         pgpipe.slow = slow,
         pgpipe.ahead = tracing::field::Empty,
         pgpipe.queued_us = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+        db.response.status_code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
     )
 }
 
@@ -66,7 +69,25 @@ pub(crate) async fn run(
     let trace = Trace::new(&span);
     #[cfg(not(feature = "tracing"))]
     let trace = Trace::new();
-    observed(pool, sql, params, op, slow, trace).await
+    #[cfg(feature = "tracing")]
+    let started = pool
+        .config()
+        .log_slow_statements
+        .map(|at| (at, Instant::now()));
+    let result = observed(pool, sql, params, op, slow, trace).await;
+    #[cfg(feature = "tracing")]
+    {
+        if let Err(error) = &result {
+            trace.failed(error);
+        }
+        if let Some((at, started)) = started {
+            let took = started.elapsed();
+            if took >= at {
+                trace.slow(sql, took, result.is_ok());
+            }
+        }
+    }
+    result
 }
 
 /// [`run`], counted in the metrics.
@@ -118,18 +139,35 @@ async fn run_unobserved(
     }
     housekeeping::start(pool);
     if !pool.wire().catalog_tried() {
-        crate::lane::catalog::ready(pool).await;
+        // Once per lane: boxed, so that its future does not size every
+        // query's (see `run_alone_counted`).
+        Box::pin(crate::lane::catalog::ready(pool)).await;
         code = pool.wire().check(sql)?;
     }
     let clean = needs_cleanup(pool, code);
     if !pool.config().pipelining {
-        let conn = pool.checkout(Holder::Pool).await;
-        pool.waited(watch.waiting);
-        let conn = conn?;
-        let target = conn.pg_conn().target();
-        return run::run_alone(target, sql, params, op, pool.run_settings(), clean).await;
+        return Box::pin(run_alone_counted(pool, sql, params, op, clean, watch)).await;
     }
     run_shared(pool, sql, params, op, slow, clean, watch).await
+}
+
+/// A query on a connection of its own (pipelining off). Boxed by its
+/// caller: the query future is moved through every layer above it, and
+/// carrying the checkout's and this path's state inline made the pipelined
+/// query's future larger for a path a pool either always or never takes.
+async fn run_alone_counted(
+    pool: &Arc<Lane>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    clean: bool,
+    watch: Watch<'_>,
+) -> Result<Answer, Error> {
+    let conn = pool.checkout(Holder::Pool).await;
+    pool.waited(watch.waiting);
+    let conn = conn?;
+    let target = conn.pg_conn().target();
+    run::run_alone(target, sql, params, op, pool.run_settings(), clean).await
 }
 
 /// Runs SQL of the pool's own that reads only the catalog with built-in
@@ -183,13 +221,14 @@ async fn run_shared(
     let mut retries = Retries::default();
     loop {
         let place = router.reserve(cost.is_slow()).await;
+        // One clock read ends the wait and starts the run's cost.
+        let admitted = (waiting.is_some() || cost.learns()).then(Instant::now);
         if retries.none_unsent() {
             // Failed waits too: they are the longest.
-            pool.waited(waiting);
+            pool.waited_until(waiting, admitted);
         }
         let place = place?;
         trace.admitted(place.ahead, waiting);
-        let admitted = cost.clock();
         router.batch_window(&place).await;
         let alone = Alone::sent(&place, waiting.is_some() && retries.none_unsent());
         let conn = &place.conn;
@@ -261,9 +300,9 @@ impl Cost {
         self.0.is_some_and(|(_, slow)| slow)
     }
 
-    /// When the query was admitted, if its cost is to be learned.
-    fn clock(self) -> Option<Instant> {
-        self.0.map(|_| Instant::now())
+    /// Whether the query's cost is to be learned.
+    fn learns(self) -> bool {
+        self.0.is_some()
     }
 
     /// Records the run, from admission to answer.

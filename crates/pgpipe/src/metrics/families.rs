@@ -2,8 +2,9 @@
 //! [`Metrics::new`], which makes them and resolves every labelled child
 //! once, so that counting an event is an index and an atomic add.
 
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
 
+use super::histogram::{Family, Unit};
 use super::{
     CloseReason, Labels, Metrics, Mode, Outcome, PoolerError, QuarantineReason, Rejection, Saved,
     WireMetrics,
@@ -86,19 +87,35 @@ impl Metrics {
             ),
             &["kind"],
         )?;
-        let durations_vec = HistogramVec::new(
-            histogram(
-                "query_duration_seconds",
-                "Time from a query's call to its answer, waiting included.",
-                pool,
-                SECONDS,
-            ),
-            &["mode"],
+        let modes: Vec<&'static str> = Mode::ALL.iter().map(|m| m.label()).collect();
+        let durations_family = Family::new(
+            "query_duration_seconds",
+            "Time from a query's call to its answer, waiting included.",
+            pool,
+            Unit::Seconds,
+            SECONDS,
+            Some(("mode", &modes)),
         )?;
-        let durations = Mode::ALL
-            .iter()
-            .map(|mode| durations_vec.with_label_values(&[mode.label()]))
+        let durations = (0..modes.len())
+            .map(|i| durations_family.child(i))
             .collect();
+        let connection_wait_family = Family::new(
+            "connection_wait_seconds",
+            "Time a query or checkout waited for a connection (or room on a shared one).",
+            pool,
+            Unit::Seconds,
+            SECONDS,
+            None,
+        )?;
+        let in_flight_family = Family::new(
+            "pipeline_in_flight",
+            "Pipelined queries in flight on the shared path when a query was admitted, \
+             itself included (a batch's items count one each).",
+            pool,
+            Unit::Count,
+            IN_FLIGHT,
+            None,
+        )?;
         let rejected_vec = IntCounterVec::new(
             opts(
                 "pipeline_rejected_total",
@@ -127,12 +144,7 @@ impl Metrics {
         Ok(Metrics {
             queries,
             durations,
-            connection_wait: Histogram::with_opts(histogram(
-                "connection_wait_seconds",
-                "Time a query or checkout waited for a connection (or room on a shared one).",
-                pool,
-                SECONDS,
-            ))?,
+            connection_wait: connection_wait_family.child(0),
             flush_wait: Histogram::with_opts(histogram(
                 "pipeline_flush_wait_seconds",
                 "Time a pipelined query was held in the batch window before being sent: \
@@ -140,13 +152,7 @@ impl Metrics {
                 pool,
                 WAIT_SECONDS,
             ))?,
-            in_flight: Histogram::with_opts(histogram(
-                "pipeline_in_flight",
-                "Pipelined queries in flight on the shared path when a query was admitted, \
-                 itself included (a batch's items count one each).",
-                pool,
-                IN_FLIGHT,
-            ))?,
+            in_flight: in_flight_family.child(0),
             statement_hits: IntCounter::with_opts(opts(
                 "statement_cache_hits_total",
                 "Queries whose statement was in their connection's cache.",
@@ -237,7 +243,9 @@ impl Metrics {
             queries_vec,
             checkouts_vec,
             pooler_errors_vec,
-            durations_vec,
+            durations_family,
+            connection_wait_family,
+            in_flight_family,
             rejected_vec,
             closed_vec,
             quarantined_vec,

@@ -19,17 +19,20 @@
 mod collector;
 mod counting;
 mod families;
+mod histogram;
 pub(crate) mod hosts;
 mod labels;
 mod saved;
 
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec};
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 
 pub(crate) use collector::{Snapshot, register};
 pub(crate) use counting::Counting;
 use families::{NAMESPACE, SECONDS, opts};
+pub(crate) use histogram::Buckets;
+use histogram::Family;
 pub(crate) use hosts::HostMetrics;
 pub(crate) use labels::{CloseReason, Labels, Mode, QuarantineReason};
 use labels::{Outcome, PoolerError, Rejection};
@@ -60,11 +63,12 @@ impl WireMetrics {
 pub(crate) struct Metrics {
     /// By [`Mode`], then [`Outcome`].
     queries: Box<[Box<[IntCounter]>]>,
-    durations: Box<[Histogram]>,
-    pub(crate) connection_wait: Histogram,
+    /// By [`Mode`].
+    durations: Box<[Buckets]>,
+    pub(crate) connection_wait: Buckets,
     pub(crate) flush_wait: Histogram,
     /// Pipelined queries in flight when one was admitted, itself included.
-    pub(crate) in_flight: Histogram,
+    pub(crate) in_flight: Buckets,
     statement_hits: IntCounter,
     statement_misses: IntCounter,
     pub(crate) statements_evicted: IntCounter,
@@ -90,7 +94,9 @@ pub(crate) struct Metrics {
     queries_vec: IntCounterVec,
     checkouts_vec: IntCounterVec,
     pooler_errors_vec: IntCounterVec,
-    durations_vec: HistogramVec,
+    durations_family: Family,
+    connection_wait_family: Family,
+    in_flight_family: Family,
     rejected_vec: IntCounterVec,
     closed_vec: IntCounterVec,
     quarantined_vec: IntCounterVec,
@@ -100,7 +106,7 @@ impl Metrics {
     /// Records a finished query.
     pub(crate) fn query(&self, mode: Mode, elapsed: Duration, result: Result<(), &Error>) {
         self.queries[mode as usize][Outcome::of(result) as usize].inc();
-        self.durations[mode as usize].observe(elapsed.as_secs_f64());
+        self.durations[mode as usize].observe_duration(elapsed);
         if let Err(error) = result {
             if let Some(reason) = Rejection::of(error.kind()) {
                 self.rejected[reason as usize].inc();
@@ -117,7 +123,7 @@ impl Metrics {
     /// Records a query whose caller dropped it before it finished.
     fn cancelled(&self, mode: Mode, elapsed: Duration) {
         self.queries[mode as usize][Outcome::Cancelled as usize].inc();
-        self.durations[mode as usize].observe(elapsed.as_secs_f64());
+        self.durations[mode as usize].observe_duration(elapsed);
     }
 
     /// Records how a `get()` ended: its outcome, and for a refusal

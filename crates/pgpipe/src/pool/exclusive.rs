@@ -3,7 +3,7 @@
 
 use super::Pool;
 use crate::error::{Error, ErrorKind};
-use crate::exclusive::{Connection, Holder, NotBegun, OwnedTransaction};
+use crate::exclusive::{Connection, Holder, NotBegun, OwnedTransaction, TransactionOptions};
 use crate::hosts::dispatch;
 use crate::target::TargetSessionAttrs;
 
@@ -117,10 +117,48 @@ impl Pool {
     ///
     /// As [`begin`](Pool::begin) and [`get_with`](Pool::get_with).
     pub async fn begin_with(&self, target: TargetSessionAttrs) -> Result<OwnedTransaction, Error> {
+        self.begin_as(target, TransactionOptions::new()).await
+    }
+
+    /// Begins a transaction as [`begin`](Pool::begin) does, with an
+    /// isolation level, read-only or deferrable (see
+    /// [`TransactionOptions`]); its `BEGIN` names them, so the transaction
+    /// has them from its first statement.
+    ///
+    /// ```no_run
+    /// use pgpipe::{Executor, IsolationLevel, TransactionOptions};
+    ///
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let options = TransactionOptions::new().isolation_level(IsolationLevel::Serializable);
+    /// let tx = pool.begin_options(options).await?;
+    /// tx.execute("UPDATE accounts SET balance = balance - 5 WHERE id = $1", &[&1i64])
+    ///     .await?;
+    /// tx.commit().await?; // a serialization failure is ErrorKind::Db, SQLSTATE 40001
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`begin`](Pool::begin).
+    pub async fn begin_options(
+        &self,
+        options: TransactionOptions,
+    ) -> Result<OwnedTransaction, Error> {
+        self.begin_as(self.hosts.settings.default_target, options)
+            .await
+    }
+
+    /// [`begin_with`](Pool::begin_with) with `options`.
+    async fn begin_as(
+        &self,
+        target: TargetSessionAttrs,
+        options: TransactionOptions,
+    ) -> Result<OwnedTransaction, Error> {
         let mut attempts = 0;
         loop {
             let conn = self.get_as(target, Holder::Begin).await?;
-            match OwnedTransaction::begin(conn).await {
+            match OwnedTransaction::begin(conn, options).await {
                 Ok(tx) => return Ok(tx),
                 Err(NotBegun::Failed(error)) if error.kind() != ErrorKind::ConnectionLost => {
                     return Err(error);

@@ -21,6 +21,7 @@ use crate::config::{PoolConfig, deadline_after};
 use crate::error::Error;
 use crate::hosts::{Endpoint, HostSettings, Hosts};
 use crate::lane::{Lane, Setup};
+use crate::listener::Listener;
 use crate::slow::Slow;
 use crate::status::Status;
 
@@ -140,6 +141,24 @@ impl Pool {
     /// ```
     pub fn slow(&self) -> Slow<'_> {
         Slow::new(&self.hosts, None)
+    }
+
+    /// A [`Listener`]: `LISTEN` on a connection of its own that is replaced
+    /// when it is lost, and says when notifications may have been missed.
+    /// It checks out nothing until its first `listen` or `recv`; from then
+    /// on it holds one exclusive connection (one of `max_size` and of
+    /// `max_exclusive`) until it is dropped or the pool closes.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// let mut listener = pool.listener();
+    /// listener.listen("orders").await?;
+    /// let event = listener.recv().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn listener(&self) -> Listener {
+        Listener::new(Arc::clone(&self.hosts))
     }
 
     /// Starts an isolated batch: each item succeeds or fails alone. See

@@ -211,7 +211,7 @@ impl Router {
     /// no state a scrape resets).
     fn note_depth(&self, in_flight: u64) {
         if let Some(metrics) = &self.metrics {
-            metrics.in_flight.observe(in_flight as f64);
+            metrics.in_flight.observe(in_flight);
         }
     }
 }

@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 use tokio_postgres::{Config, NoTls};
 
 use super::socket::PeerAddr;
-use crate::conn::tls::Tls;
+use crate::conn::tls::{Tls, TlsSocket};
 
 /// Where a connection went, and how to reach it again: a cancel request
 /// opens a socket there, with the connection's TLS settings (a TLS-only
@@ -60,17 +60,12 @@ pub(crate) async fn send_cancel_request(peer: &Peer, token: &tokio_postgres::Can
                     return;
                 };
                 let stream = UntilClosed(stream);
-                #[cfg(feature = "rustls")]
-                if let Some(rustls) = &peer.tls.rustls {
-                    use tokio_postgres::tls::MakeTlsConnect;
-                    let Ok(connector) = MakeTlsConnect::<UntilClosed<TcpStream>>::make_tls_connect(
-                        &mut rustls.clone(),
-                        &peer.hostname,
-                    );
-                    let _ = token.cancel_query_raw(stream, connector).await;
+                if let Some(connector) = peer.tls.connect_to(&peer.hostname) {
+                    let _ = token
+                        .cancel_query_raw(TlsSocket::new(stream), connector)
+                        .await;
                     return;
                 }
-                let _ = (&peer.tls, &peer.hostname);
                 let _ = token.cancel_query_raw(stream, NoTls).await;
             }
             #[cfg(unix)]
@@ -87,6 +82,7 @@ pub(crate) async fn send_cancel_request(peer: &Peer, token: &tokio_postgres::Can
 /// A cancel request's socket, whose shutdown completes only when the server
 /// closes its end: the server signals the backend before it does, so once
 /// the request "finished", the backend has been told.
+#[derive(Debug)]
 struct UntilClosed<S>(S);
 
 impl<S: AsyncRead + Unpin> AsyncRead for UntilClosed<S> {

@@ -30,9 +30,7 @@ use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
 use super::notifications::Notifications;
 use super::tap::TappedStream;
-#[cfg(feature = "rustls")]
-use super::tls::Tapped;
-use super::tls::Tls;
+use super::tls::{Tapped, Tls, TlsSocket};
 use super::{ConnState, PoolWire};
 use crate::error::{Error, ErrorKind};
 pub(crate) use cancel::{Peer, send_cancel_request};
@@ -115,20 +113,15 @@ async fn handshake(
     (state, wire, notifications): (&Arc<ConnState>, &Arc<PoolWire>, &Arc<Notifications>),
 ) -> Result<Connected, tokio_postgres::Error> {
     let notifications = Arc::clone(notifications);
-    #[cfg(feature = "rustls")]
-    if let Some(rustls) = &tls.rustls {
-        use tokio_postgres::tls::MakeTlsConnect;
-        let Ok(connector) =
-            MakeTlsConnect::<PgStream>::make_tls_connect(&mut rustls.clone(), hostname);
+    if let Some(connector) = tls.connect_to(hostname) {
         let tapped = Tapped {
             inner: connector,
             state: Arc::clone(state),
             wire: Arc::clone(wire),
         };
-        let (client, connection) = config.connect_raw(stream, tapped).await?;
+        let (client, connection) = config.connect_raw(TlsSocket::new(stream), tapped).await?;
         return Ok((client, Box::pin(drive(connection, notifications))));
     }
-    let _ = (tls, hostname, state, wire);
     let (client, connection) = config.connect_raw(stream, NoTls).await?;
     Ok((client, Box::pin(drive(connection, notifications))))
 }

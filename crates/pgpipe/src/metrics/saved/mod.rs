@@ -60,9 +60,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use prometheus::{Counter, Gauge, Histogram};
+use prometheus::{Counter, Gauge};
 
-use super::{Labels, opts};
+use super::{Buckets, Labels, opts};
 use crate::sync::lock;
 use steps::Steps;
 use steps::current_task;
@@ -236,7 +236,8 @@ impl Saved {
         self.held.fetch_sub(1, Ordering::Relaxed);
     }
 
-    fn totals(&self, durations: &Histogram, now: Instant) -> Totals {
+    fn totals(&self, durations: &Buckets, now: Instant) -> Totals {
+        let (queries, query_seconds) = durations.duration_totals();
         let seconds = |nanos: u64| nanos as f64 * 1e-9;
         // Held connection-seconds: those released, and those still held
         // up to now (now × held, less when each was taken).
@@ -245,8 +246,8 @@ impl Saved {
             - self.held_since_nanos.load(Ordering::Relaxed) as f64)
             .max(0.0);
         Totals {
-            queries: durations.get_sample_count(),
-            query_seconds: durations.get_sample_sum(),
+            queries,
+            query_seconds,
             alone: self.alone.load(Ordering::Relaxed),
             alone_seconds: seconds(self.alone_nanos.load(Ordering::Relaxed)),
             steps: self.steps.count(),
@@ -261,7 +262,7 @@ impl Saved {
     /// `durations` is the pipelined queries' histogram, `max_size` the
     /// pool's, `rtt` the round-trip estimate (`S` before any query ran
     /// alone).
-    pub(crate) fn fold(&self, durations: &Histogram, max_size: usize, rtt: Option<Duration>) {
+    pub(crate) fn fold(&self, durations: &Buckets, max_size: usize, rtt: Option<Duration>) {
         let now = Instant::now();
         let totals = self.totals(durations, now);
         let mut fold = lock(&self.fold);

@@ -288,4 +288,5 @@ fn a_malformed_answer_is_an_error_and_what_came_before_is_delivered() {
     assert_eq!(kinds(&delivered), b"2");
 }
 
+mod fuzz;
 mod head;

@@ -14,7 +14,11 @@
 //! compiles to what its user needs and nothing more: the tap's runs on
 //! every byte of every connection.
 
+mod keep;
+
 use std::marker::PhantomData;
+
+pub(crate) use keep::{Answers, Keep, Tap, Writes};
 
 /// Where a direction of the stream is in the protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,81 +32,6 @@ pub(crate) enum Phase {
     Negotiating,
     /// TLS or anything unparseable follows: count bytes only.
     Opaque,
-}
-
-/// What a [`Framer`] keeps of which messages.
-pub(crate) trait Keep {
-    /// Where a message's first body bytes are kept: its length is how many.
-    type Prefix: AsRef<[u8]> + AsMut<[u8]> + Copy + std::fmt::Debug;
-    /// An empty [`Prefix`](Keep::Prefix).
-    const EMPTY: Self::Prefix;
-    /// Whether each message's place in the stream is counted
-    /// ([`Message::start`], [`Message::end`]).
-    const OFFSETS: bool;
-    /// Whether the first body bytes of a message of type `kind` are kept.
-    fn prefix(kind: u8) -> bool;
-    /// Whether the body of a message of type `kind` is kept whole while
-    /// capture is on.
-    fn whole(kind: u8) -> bool;
-}
-
-/// The tap's: the first 32 bytes of a `ParameterStatus` (`S`, the
-/// setting's name) and of a simple `Query`; with
-/// [`capture_sql`](Framer::capture_sql) on, `Query` and `Parse` bodies
-/// whole. No offsets.
-#[derive(Debug)]
-pub(crate) struct Tap;
-
-impl Keep for Tap {
-    type Prefix = [u8; 32];
-    const EMPTY: [u8; 32] = [0; 32];
-    const OFFSETS: bool = false;
-    #[inline]
-    fn prefix(kind: u8) -> bool {
-        matches!(kind, b'S' | b'Q')
-    }
-    #[inline]
-    fn whole(kind: u8) -> bool {
-        matches!(kind, b'Q' | b'P')
-    }
-}
-
-/// The read-group rewriter's, for the writes: the first 64 bytes of
-/// `Bind`, `Execute` and `Close` (portal, statement name, row limit); with
-/// capture on, `Parse` bodies whole; offsets.
-#[derive(Debug)]
-pub(crate) struct Writes;
-
-impl Keep for Writes {
-    type Prefix = [u8; 64];
-    const EMPTY: [u8; 64] = [0; 64];
-    const OFFSETS: bool = true;
-    #[inline]
-    fn prefix(kind: u8) -> bool {
-        matches!(kind, b'B' | b'E' | b'C')
-    }
-    #[inline]
-    fn whole(kind: u8) -> bool {
-        kind == b'P'
-    }
-}
-
-/// The read-group rewriter's, for the answers: types and offsets only.
-#[derive(Debug)]
-pub(crate) struct Answers;
-
-impl Keep for Answers {
-    type Prefix = [u8; 0];
-    const EMPTY: [u8; 0] = [];
-    const OFFSETS: bool = true;
-    #[inline]
-    fn prefix(_: u8) -> bool {
-        false
-    }
-    #[inline]
-    fn whole(_: u8) -> bool {
-        false
-    }
 }
 
 /// Walks message boundaries in one direction of the stream, keeping what
@@ -245,6 +174,74 @@ impl<K: Keep> Framer<K> {
     /// loop it was before `next` existed, with the callback inside it.
     #[inline(always)]
     pub(crate) fn next(&mut self, bytes: &mut &[u8]) -> Option<Message<'_>> {
+        if let Some(len) = self.whole_message_at(bytes) {
+            return Some(self.take_whole(bytes, len));
+        }
+        self.next_in_pieces(bytes)
+    }
+
+    /// The length field of the typed message that `bytes` hold whole from
+    /// their first byte, if the framer stands between two messages: the
+    /// common case, a write or a read of whole messages, framed without
+    /// copying its header or walking its body piece by piece.
+    #[inline(always)]
+    fn whole_message_at(&self, bytes: &[u8]) -> Option<usize> {
+        if self.header_len != 0 || self.body_left != 0 || self.phase != Phase::Typed {
+            return None;
+        }
+        let header: [u8; 4] = bytes.get(1..5)?.try_into().expect("4 bytes");
+        let len = i32::from_be_bytes(header);
+        // A length under 4 is no frame: the piecewise walk stops on it.
+        let len = usize::try_from(len).ok().filter(|&len| len >= 4)?;
+        (bytes.len() > len).then_some(len)
+    }
+
+    /// Hands out the message of length field `len` that `bytes` hold whole
+    /// (see [`whole_message_at`](Self::whole_message_at)): what
+    /// [`next_in_pieces`](Self::next_in_pieces) would give for it, in one
+    /// step.
+    #[inline(always)]
+    fn take_whole(&mut self, bytes: &mut &[u8], len: usize) -> Message<'_> {
+        let kind = bytes[0];
+        let body = &bytes[5..1 + len];
+        *bytes = &bytes[1 + len..];
+        self.kind = kind;
+        let prefix_len = if K::prefix(kind) {
+            let keep = body.len().min(self.prefix.as_ref().len());
+            self.prefix.as_mut()[..keep].copy_from_slice(&body[..keep]);
+            keep
+        } else {
+            0
+        };
+        let kept = self.capturing().then(|| {
+            self.captured.clear();
+            let keep = body.len().min(CAPTURED);
+            self.captured.extend_from_slice(&body[..keep]);
+            if keep < body.len() {
+                Err(&self.captured[..])
+            } else {
+                Ok(&self.captured[..])
+            }
+        });
+        let start = self.offset;
+        if K::OFFSETS {
+            self.start = start;
+            self.offset += 1 + len as u64;
+        }
+        Message {
+            kind,
+            first: body.first().copied(),
+            prefix: &self.prefix.as_ref()[..prefix_len],
+            body: kept,
+            start: if K::OFFSETS { start } else { 0 },
+            end: self.offset,
+        }
+    }
+
+    /// [`next`](Self::next) for messages split across calls, the start-up
+    /// packet and the phases before the typed protocol: byte by byte
+    /// through the header, then the body.
+    fn next_in_pieces(&mut self, bytes: &mut &[u8]) -> Option<Message<'_>> {
         while !bytes.is_empty() && !matches!(self.phase, Phase::Opaque | Phase::Negotiating) {
             if self.body_left > 0 {
                 let take = self.body_left.min(bytes.len());
@@ -534,6 +531,52 @@ mod tests {
         );
     }
 
+    /// Every field of every message, for a stream fed in chunks of `size`.
+    fn walk<K: Keep>(stream: &[u8], size: usize) -> Vec<String> {
+        let mut framer = Framer::<K>::keeping(Phase::Typed);
+        framer.capture_sql(true);
+        let mut seen = Vec::new();
+        for chunk in stream.chunks(size) {
+            let mut rest = chunk;
+            while let Some(m) = framer.next(&mut rest) {
+                seen.push(format!("{m:?}"));
+            }
+        }
+        seen
+    }
+
+    #[test]
+    fn whole_messages_are_framed_as_the_piecewise_walk_frames_them() {
+        // Whole messages take the one-step path, messages split across
+        // chunks the byte-by-byte one: both must hand out the same.
+        let long = vec![b'x'; CAPTURED + 3];
+        let mut stream = Vec::new();
+        for (kind, body) in [
+            (b'B', &b"\0s1\0\0\0\0\0\0\0"[..]),
+            (b'E', b"\0\0\0\0\0"),
+            (b'S', b""),
+            (b'P', b"s2\0SELECT 1\0\0\0"),
+            (b'Q', b"SET a = 1\0"),
+            (b'Z', b"T"),
+            (b'Q', &long),
+            (b'C', &[b'S'; 100]),
+        ] {
+            stream.extend(message(kind, body));
+        }
+        for size in [1, 2, 5, 7, 64, stream.len()] {
+            assert_eq!(
+                walk::<Tap>(&stream, size),
+                walk::<Tap>(&stream, 1),
+                "{size}"
+            );
+            assert_eq!(walk::<Writes>(&stream, size), walk::<Writes>(&stream, 1));
+            assert_eq!(walk::<Answers>(&stream, size), walk::<Answers>(&stream, 1));
+        }
+        // A length under 4 stops both alike.
+        let bad = [message(b'S', b""), vec![b'D', 0, 0, 0, 2, 1]].concat();
+        assert_eq!(walk::<Tap>(&bad, bad.len()), walk::<Tap>(&bad, 1));
+    }
+
     #[test]
     fn a_parameter_status_keeps_the_setting_name() {
         let mut bytes = vec![b'S', 0, 0, 0, 4 + 15 + 4];
@@ -546,3 +589,6 @@ mod tests {
         assert_eq!(names, vec![b"in_hot_standby".to_vec()]);
     }
 }
+
+#[cfg(test)]
+mod fuzz;
