@@ -12,7 +12,7 @@
 //! for the pool) lands in [`run`].
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::types::ToSql;
 
@@ -26,8 +26,8 @@ use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::Code;
-use crate::shared::Place;
 use crate::shared::costs::{CostKey, Costs};
+use crate::shared::{Place, SharedConn};
 use crate::trace::Trace;
 
 /// The span of one query, with the `tracing` feature; see
@@ -239,7 +239,7 @@ async fn run_shared(
             run::within_deadline(settings.query_timeout, target, query, || router.late(conn)).await;
         if result.is_ok() {
             cost.learn(router.costs(), admitted);
-            alone.answered(pool);
+            alone.answered(pool, conn);
         }
         if let Err(e) = &result {
             if e.kind() == ErrorKind::ConnectionLost {
@@ -276,9 +276,15 @@ impl Alone {
         Alone((counted && place.ahead == 0).then(Instant::now))
     }
 
-    fn answered(&self, pool: &Lane) {
+    /// Also how long after its answer was read this task ran again: what
+    /// a task woken by another waits for a thread now.
+    fn answered(&self, pool: &Lane, conn: &SharedConn) {
         if let (Some(sent), Some(metrics)) = (self.0, pool.metrics()) {
-            metrics.saved.alone(sent.elapsed());
+            let read = conn.state().counts.last_ready_nanos();
+            let woke = pool.wire().now_nanos().saturating_sub(read);
+            metrics
+                .saved
+                .alone(sent.elapsed(), Duration::from_nanos(woke));
         }
     }
 }

@@ -27,6 +27,10 @@
 //!   queries' (durations, waits included) over `k`, the checkouts' waits
 //!   and holds, and `B`.
 //! - `H`, the connection-seconds the checkouts hold.
+//! - `h`, how long a woken task waits for a thread: on the queries sent
+//!   alone, from their answer's read to their task running again. Without
+//!   pipelining a connection passes from one user to the next through such
+//!   a wake-up, so each use of it holds it `h` longer.
 //!
 //! Without pipelining, a closed loop of `N` callers on `c = max_size`
 //! connections keeps every connection busy once it needs more than `c`:
@@ -37,7 +41,7 @@
 //! and `K` checkouts:
 //!
 //! ```text
-//! W = max(0, (N · (Q·S + H) / c − (Q/k · S + H + B)) / (Q/k + K))
+//! W = max(0, (N · (Q·S + H + (Q+K)·h) / c − (Q/k · S + H + B)) / (Q/k + K))
 //! ```
 //!
 //! and a query would have taken `S + W`: `S` while the connections
@@ -85,6 +89,8 @@ pub(crate) struct Saved {
     /// Pipelined queries sent alone, and their time (ns).
     alone: AtomicU64,
     alone_nanos: AtomicU64,
+    /// Their tasks' wait for a thread once their answer was read (ns).
+    alone_woke_nanos: AtomicU64,
     /// The callers' steps and the time between them.
     pub(crate) steps: Steps,
     /// Exclusive checkouts: begun, their waits (ns), the connections held
@@ -110,6 +116,7 @@ struct Fold {
     /// Decayed sums of the alone queries' time and count.
     alone_seconds: f64,
     alone: f64,
+    alone_woke: f64,
     /// Seconds saved (or, negative, lost) since the counter was last fed.
     pending: f64,
     ticks: u32,
@@ -122,6 +129,7 @@ struct Totals {
     query_seconds: f64,
     alone: u64,
     alone_seconds: f64,
+    alone_woke: f64,
     steps: u64,
     between: f64,
     checkouts: u64,
@@ -146,6 +154,9 @@ struct Interval {
     held_seconds: f64,
     /// `S`: a query with a connection to itself.
     alone: f64,
+    /// A woken task's wait for a thread: the gap between one user of a
+    /// connection and the next, without pipelining.
+    woke: f64,
     max_size: f64,
 }
 
@@ -159,7 +170,8 @@ impl Interval {
             + self.held_seconds
             + self.between)
             / self.seconds;
-        let work = self.queries * self.alone + self.held_seconds;
+        let acquisitions = self.queries + self.checkouts;
+        let work = self.queries * self.alone + self.held_seconds + acquisitions * self.woke;
         let callers_work = steps * self.alone + self.held_seconds + self.between;
         let wait = (callers * work / self.max_size - callers_work) / (steps + self.checkouts);
         self.alone + wait.max(0.0)
@@ -172,6 +184,7 @@ impl Saved {
             epoch: Instant::now(),
             alone: AtomicU64::new(0),
             alone_nanos: AtomicU64::new(0),
+            alone_woke_nanos: AtomicU64::new(0),
             steps: Steps::default(),
             checkouts: AtomicU64::new(0),
             checkout_wait_nanos: AtomicU64::new(0),
@@ -209,9 +222,11 @@ impl Saved {
     }
 
     /// A pipelined query sent alone took `elapsed` to its answer.
-    pub(crate) fn alone(&self, elapsed: Duration) {
+    pub(crate) fn alone(&self, elapsed: Duration, woke: Duration) {
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.alone_nanos.fetch_add(nanos, Ordering::Relaxed);
+        let woke = u64::try_from(woke.as_nanos()).unwrap_or(u64::MAX);
+        self.alone_woke_nanos.fetch_add(woke, Ordering::Relaxed);
         self.alone.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -259,6 +274,7 @@ impl Saved {
             query_seconds,
             alone: self.alone.load(Ordering::Relaxed),
             alone_seconds: seconds(self.alone_nanos.load(Ordering::Relaxed)),
+            alone_woke: seconds(self.alone_woke_nanos.load(Ordering::Relaxed)),
             steps: self.steps.count(),
             between: self.steps.between(),
             checkouts: self.checkouts.load(Ordering::Relaxed),
@@ -285,6 +301,7 @@ impl Saved {
             fold.alone_seconds =
                 fold.alone_seconds * keep + (totals.alone_seconds - last.alone_seconds);
             fold.alone = fold.alone * keep + new_alone as f64;
+            fold.alone_woke = fold.alone_woke * keep + (totals.alone_woke - last.alone_woke);
             self.alone_gauge.set(fold.alone_seconds / fold.alone);
         }
         let queries = totals.queries.saturating_sub(last.queries);
@@ -307,6 +324,11 @@ impl Saved {
                     checkout_waits: totals.checkout_waits - last.checkout_waits,
                     held_seconds: totals.held_seconds - last.held_seconds,
                     alone,
+                    woke: if fold.alone > 0.0 {
+                        fold.alone_woke / fold.alone
+                    } else {
+                        0.0
+                    },
                     max_size: max_size.max(1) as f64,
                 };
                 queries as f64 * interval.without_pipelining()
@@ -342,6 +364,7 @@ mod tests {
             checkout_waits: 0.0,
             held_seconds: 0.0,
             alone,
+            woke: 0.0,
             max_size,
         }
     }
@@ -386,6 +409,7 @@ mod tests {
             checkout_waits: 0.0,
             held_seconds: 0.0,
             alone: 0.002,
+            woke: 0.0,
             max_size: 4.0,
         };
         let without = interval.without_pipelining();
@@ -409,6 +433,7 @@ mod tests {
             checkout_waits: 2.0 * cycles * 0.0032,
             held_seconds: 2.0 * cycles * 0.008,
             alone: 0.002,
+            woke: 0.0,
             max_size: 1.0,
         };
         let without = interval.without_pipelining();
@@ -434,6 +459,7 @@ mod tests {
             checkout_waits: 2.0 * cycles * w,
             held_seconds: 2.0 * cycles * 0.006,
             alone: 0.002,
+            woke: 0.0,
             max_size: 2.0,
         };
         let without = interval.without_pipelining();
