@@ -230,7 +230,7 @@ async fn run_shared(
         let place = place?;
         trace.admitted(place.ahead, waiting);
         router.batch_window(&place).await;
-        let alone = Alone::sent(&place, waiting.is_some() && retries.none_unsent());
+        let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
         let conn = &place.conn;
         let prepare = Prepare::Spawned(conn);
         let target = conn.conn().target();
@@ -266,20 +266,26 @@ async fn run_shared(
 }
 
 /// A query sent alone (nothing in flight on its connection), for latency
-/// saved: when it was sent. Its time from there to its answer is what it
-/// would take with pipelining off and a connection free. Only its first
-/// try, and only with metrics.
-struct Alone(Option<Instant>);
+/// saved: when it was sent, and the lane's statement-cache misses then. Its
+/// time from there to its answer is what it would take with pipelining off
+/// and a connection free, unless a statement was prepared meanwhile (a
+/// round trip more: not counted). Only its first try, and only with
+/// metrics.
+struct Alone(Option<(Instant, u64)>);
 
 impl Alone {
-    fn sent(place: &Place<'_>, counted: bool) -> Alone {
-        Alone((counted && place.ahead == 0).then(Instant::now))
+    fn sent(pool: &Lane, place: &Place<'_>, counted: bool) -> Alone {
+        let misses = || pool.metrics().map_or(0, |m| m.statement_misses());
+        Alone((counted && place.ahead == 0).then(|| (Instant::now(), misses())))
     }
 
     /// Also how long after its answer was read this task ran again: what
     /// a task woken by another waits for a thread now.
     fn answered(&self, pool: &Lane, conn: &SharedConn) {
-        if let (Some(sent), Some(metrics)) = (self.0, pool.metrics()) {
+        if let (Some((sent, misses)), Some(metrics)) = (self.0, pool.metrics()) {
+            if metrics.statement_misses() != misses {
+                return;
+            }
             let read = conn.state().counts.last_ready_nanos();
             let woke = pool.wire().now_nanos().saturating_sub(read);
             metrics

@@ -144,6 +144,11 @@ impl Metrics {
         }
     }
 
+    /// Statement-cache misses so far.
+    pub(crate) fn statement_misses(&self) -> u64 {
+        self.statement_misses.get()
+    }
+
     pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed[reason as usize].inc();
     }
