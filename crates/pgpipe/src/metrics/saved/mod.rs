@@ -12,7 +12,8 @@
 //!   of the pipelined queries **sent alone** (nothing in flight on their
 //!   connection), from their write to their answer. The typical round trip
 //!   (not the low-end one the RTT estimate keeps), the server's time and
-//!   the client's own are all in it. Recent ones count most (a 2-second
+//!   the client's own are all in it; one that waited for its statement's
+//!   prepare is left out. Recent ones count most (a 2-second
 //!   decay); with none lately (a pool that never goes idle), the last known
 //!   mean stands; before any, the round-trip estimate.
 //! - The callers' **steps**: a query, or the queries one task sends at once
