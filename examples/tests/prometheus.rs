@@ -26,6 +26,9 @@ const SPEED_UP: u64 = 15;
 /// What Grafana's `$__rate_interval` becomes: four scrapes and more.
 const RATE_INTERVAL: &str = "15s";
 const JOB: &str = "bank-service";
+/// One test at a time: the on/off comparison times the service, and the
+/// other loads the machine.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn repo_file(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -110,15 +113,17 @@ struct Prometheus {
 }
 
 impl Prometheus {
-    fn start(binary: &Path, target: SocketAddr) -> Prometheus {
+    fn start(binary: &Path, targets: &[SocketAddr]) -> Prometheus {
         let dir = std::env::temp_dir().join(unique("pgpipe-prometheus"));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("rules.yml"), scaled_rules()).unwrap();
+        let targets: Vec<String> = targets.iter().map(|t| format!("\"{t}\"")).collect();
         let config = format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
              rule_files: [rules.yml]\n\
              scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      \
-             - targets: [\"{target}\"]\n"
+             - targets: [{}]\n",
+            targets.join(", ")
         );
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
@@ -171,8 +176,14 @@ impl Prometheus {
 
     /// An instant query: each series' labels and value.
     async fn query(&self, expr: &str) -> Vec<(BTreeMap<String, String>, f64)> {
+        self.query_at(expr, None).await
+    }
+
+    /// An instant query at `at` (Unix seconds), or now.
+    async fn query_at(&self, expr: &str, at: Option<f64>) -> Vec<(BTreeMap<String, String>, f64)> {
+        let time = at.map_or(String::new(), |t| format!("&time={t:.3}"));
         let data = self
-            .api(&format!("/api/v1/query?query={}", encode(expr)))
+            .api(&format!("/api/v1/query?query={}{time}", encode(expr)))
             .await;
         let number = |pair: &serde_json::Value| -> f64 {
             let text = pair[1].as_str().unwrap();
@@ -268,6 +279,58 @@ fn load(addr: SocketAddr, tasks: i64, stop: &Arc<AtomicBool>) -> Vec<tokio::task
         .collect()
 }
 
+/// As [`load`], each task on one kept-alive connection: the service runs
+/// its requests one after another in one task, as behind an HTTP client
+/// that keeps its connections (a connection per request would put each
+/// request in a task of its own).
+fn kept_alive_load(
+    addr: SocketAddr,
+    tasks: i64,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    (0..tasks)
+        .map(|task| {
+            let stop = Arc::clone(stop);
+            tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let (mut sender, connection) =
+                    hyper::client::conn::http1::handshake(io).await.unwrap();
+                tokio::spawn(connection);
+                let mut i = task;
+                while !stop.load(Ordering::Relaxed) {
+                    let id = i % 50 + 1;
+                    let (method, path, body) = if i % 10 == 0 {
+                        let body =
+                            format!(r#"{{"from": {id}, "to": {}, "amount": 1}}"#, id % 50 + 1);
+                        (Method::POST, "/transfers".to_string(), body)
+                    } else {
+                        (Method::GET, format!("/accounts/{id}"), String::new())
+                    };
+                    let request = hyper::Request::builder()
+                        .method(method)
+                        .uri(path)
+                        .header("host", "localhost")
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body)))
+                        .unwrap();
+                    let response = sender.send_request(request).await.unwrap();
+                    // A transfer the balance does not cover is a 409.
+                    assert!(
+                        !response.status().is_server_error(),
+                        "{}",
+                        response.status()
+                    );
+                    response.into_body().collect().await.unwrap();
+                    i += tasks;
+                }
+            })
+        })
+        .collect()
+}
+
 /// Checks one dashboard value against its panel's unit.
 fn check_value(title: &str, unit: &str, expr: &str, value: f64) {
     if value.is_nan() {
@@ -294,6 +357,7 @@ async fn a_real_prometheus_evaluates_the_dashboard_and_the_alerts() {
     let Some(binary) = required_tool("prometheus", "Debian's prometheus package") else {
         return;
     };
+    let _alone = ALONE.lock().await;
     // A database of the test's own, so that stopping it harms no one else.
     let cluster = Cluster::start().expect("a throwaway PostgreSQL cluster");
     let registry = prometheus::Registry::new();
@@ -313,7 +377,7 @@ async fn a_real_prometheus_evaluates_the_dashboard_and_the_alerts() {
     let service = listener.local_addr().unwrap();
     let server = tokio::spawn(axum::serve(listener, router(state)).into_future());
 
-    let prometheus = Prometheus::start(&binary, service);
+    let prometheus = Prometheus::start(&binary, &[service]);
     prometheus.wait_ready().await;
     let stop = Arc::new(AtomicBool::new(false));
     let load = load(service, 16, &stop);
@@ -405,4 +469,143 @@ async fn a_real_prometheus_evaluates_the_dashboard_and_the_alerts() {
         "unreachable fired after {:?}; quantiles without data: {nan:?}",
         unreachable_after.unwrap()
     );
+}
+
+/// Latency saved, as the dashboard shows it, against an on/off run of the
+/// example service: two instances through the same 1 ms (each way) latency
+/// proxy, one pipelining and one not (`max_size` 8, the service's
+/// default), scraped by one Prometheus, the same HTTP load on each in
+/// alternating phases. Per phase, the dashboard's "latency saved per
+/// pipelined query" on the pipelining instance against the difference in
+/// the two instances' mean query time (both from their own histograms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_saved_on_the_example_service_agrees_with_an_on_off_run() {
+    let Some(binary) = required_tool("prometheus", "Debian's prometheus package") else {
+        return;
+    };
+    let _alone = ALONE.lock().await;
+    let proxy = pgpipe_proxy::Proxy::builder(pgpipe_test_support::server_addr())
+        .delay(Duration::from_millis(1))
+        .start()
+        .unwrap();
+    let url = pgpipe_test_support::server_url(None, Some(&proxy.addr().to_string()), None);
+    let mut services = Vec::new();
+    for pipelining in [true, false] {
+        let registry = prometheus::Registry::new();
+        let pool = pgpipe::Pool::builder()
+            .url(&url)
+            .max_size(8)
+            .pipelining(pipelining)
+            .wait_timeout(Duration::from_secs(20))
+            .registry(&registry)
+            .pool_name("bank")
+            .build()
+            .unwrap();
+        let state = AppState::new(pool, registry, &unique("saved"));
+        state.create_schema(50).await.unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(axum::serve(listener, router(state.clone())).into_future());
+        services.push((addr, server, state));
+    }
+    let (on, off) = (services[0].0, services[1].0);
+    let prometheus = Prometheus::start(&binary, &[on, off]);
+    prometheus.wait_ready().await;
+
+    const PHASE: u64 = 8;
+    let window = format!("{}s", PHASE - 2);
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let mut failures = Vec::new();
+    for tasks in [1, 64] {
+        // Each phase's end, for the pipelining instance and for the other.
+        let mut ends: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..2 {
+            for side in [round % 2, 1 - round % 2] {
+                let stop = Arc::new(AtomicBool::new(false));
+                let load = kept_alive_load(services[side].0, tasks, &stop);
+                tokio::time::sleep(Duration::from_secs(PHASE)).await;
+                ends[side].push(unix());
+                stop.store(true, Ordering::Relaxed);
+                for task in load {
+                    task.await.unwrap();
+                }
+                // Two scrapes past the phase's end, before the next.
+                tokio::time::sleep(Duration::from_millis(2500)).await;
+            }
+        }
+        let selector = |addr: SocketAddr, mode: &str| {
+            format!("{{job=\"{JOB}\",instance=\"{addr}\",pool=\"bank\",mode=\"{mode}\"}}")
+        };
+        // Summed over each side's phases: the windows end with the phases
+        // (the load runs to the end of each) and leave out their first
+        // seconds.
+        let mut sums = [[0.0f64; 2]; 2];
+        for (side, (addr, mode)) in [(on, "pipelined"), (off, "exclusive")]
+            .into_iter()
+            .enumerate()
+        {
+            for &end in &ends[side] {
+                for (i, part) in ["sum", "count"].into_iter().enumerate() {
+                    let expr = format!(
+                        "increase(pgpipe_query_duration_seconds_{part}{}[{window}])",
+                        selector(addr, mode)
+                    );
+                    sums[side][i] += prometheus.query_at(&expr, Some(end)).await[0].1;
+                }
+            }
+        }
+        let mean = |side: usize| sums[side][0] / sums[side][1];
+        let measured = mean(1) - mean(0);
+        // The dashboard's own expression, at the end of each pipelining
+        // phase, weighted by its queries.
+        let (_, _, expr) = dashboard_queries()
+            .into_iter()
+            .find(|(title, _, _)| title == "Latency saved per pipelined query")
+            .expect("the dashboard shows latency saved per query");
+        let expr = expr
+            .replace(RATE_INTERVAL, &window)
+            .replace("instance=~\".*\"", &format!("instance=\"{on}\""));
+        let mut estimated = 0.0;
+        for &end in &ends[0] {
+            let count_expr = format!(
+                "increase(pgpipe_query_duration_seconds_count{}[{window}])",
+                selector(on, "pipelined")
+            );
+            let count = prometheus.query_at(&count_expr, Some(end)).await[0].1;
+            estimated += prometheus.query_at(&expr, Some(end)).await[0].1 * count;
+        }
+        estimated /= sums[0][1];
+        let phase_seconds = (PHASE - 2) as f64 * ends[0].len() as f64;
+        let case = format!(
+            "{tasks} workers: a query took {:.3} ms off, {:.3} ms on ({:.0} and {:.0} queries/s, \
+             {:.1} and {:.1} in the pool): {:.3} ms saved, {:.3} ms estimated",
+            mean(1) * 1e3,
+            mean(0) * 1e3,
+            sums[1][1] / phase_seconds,
+            sums[0][1] / phase_seconds,
+            sums[1][0] / phase_seconds,
+            sums[0][0] / phase_seconds,
+            measured * 1e3,
+            estimated * 1e3
+        );
+        eprintln!("{case}");
+        let allowed = if measured.abs() < 1e-3 {
+            0.2e-3
+        } else {
+            0.25 * measured.abs()
+        };
+        if (estimated - measured).abs() > allowed {
+            failures.push(case);
+        }
+    }
+    for (_, server, state) in services {
+        server.abort();
+        let _ = state.drop_schema().await;
+    }
+    assert!(failures.is_empty(), "out of tolerance: {failures:#?}");
 }

@@ -197,6 +197,8 @@ async fn every_expression_parses_and_names_exported_metrics() {
         "pgpipe_pipeline_queue_depth",
         "pgpipe_pipeline_batch_size_bucket",
         "pgpipe_pipeline_latency_saved_seconds_total",
+        "pgpipe_pipeline_latency_without_pipelining_seconds_total",
+        "pgpipe_pipeline_alone_seconds",
         "pgpipe_pipeline_rtt_seconds",
         "pgpipe_connections",
         "pgpipe_pending_requests",

@@ -132,6 +132,31 @@ impl Scrape {
             .sum()
     }
 
+    /// As [`value`](Scrape::value), or `None` when `name` is not exported.
+    #[allow(dead_code)] // the truth tests'
+    pub(crate) fn try_value(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.family(name).map(|_| self.value(name, labels))
+    }
+
+    /// The number of observations in the histogram `name`, over the series
+    /// whose labels include `labels`.
+    #[allow(dead_code)] // the truth tests'
+    pub(crate) fn histogram_count_of(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.family(name)
+            .unwrap_or_else(|| panic!("{name} is exported"))
+            .get_metric()
+            .iter()
+            .filter(|m| {
+                labels.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| m.get_histogram().get_sample_count())
+            .sum()
+    }
+
     /// The number of observations in the histogram `name`, over all series.
     pub(crate) fn histogram_count(&self, name: &str) -> u64 {
         self.family(name)

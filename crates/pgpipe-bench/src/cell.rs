@@ -114,7 +114,7 @@ impl Cell {
             queries_per_sec: queries as f64 / seconds,
             requests_per_sec: measured.requests as f64 / seconds,
             mean_ms: measure::mean_ms(&measured.latencies),
-            saved_ms_per_query: savings.map(|s| s.seconds * 1e3 / queries.max(1) as f64),
+            saved_ms_per_query: savings.and_then(Savings::per_query_ms),
             round_trips_saved_share: savings.map(|s| s.round_trips / queries.max(1) as f64),
             p50_ms: measure::quantile_ms(&measured.latencies, 0.50),
             p99_ms: measure::quantile_ms(&measured.latencies, 0.99),
@@ -194,10 +194,7 @@ async fn sample(window: Window, proxy: Option<Arc<Proxy>>, target: Arc<Target>) 
     let savings = target
         .savings()
         .zip(savings_before)
-        .map(|(after, before)| Savings {
-            round_trips: after.round_trips - before.round_trips,
-            seconds: after.seconds - before.seconds,
-        });
+        .map(|(after, before)| after.since(before));
     Sampled {
         cpu,
         proxy: proxy_delta,

@@ -315,10 +315,11 @@ fn print_header(plan: &Plan, server: &Server, version: &str, proxy: &Proxy, args
         "Columns: `× deadpool (16)` and `× shared client` are this row's queries/s over that \
          target's in the same cell; `conns`: server connections used; `syncs/write`: queries \
          per socket write, counted by the proxy (RTT > 0 only); `saved ms/q: est. / vs off`: \
-         pgpipe's own estimate of the latency a pipelined query saved (round trips avoided × \
-         the RTT estimate), then the measured difference per query against `pgpipe off` with \
-         the same pool size in the same cell (which at high concurrency is mostly queueing, not \
-         round trips: the two are different quantities, not an estimate and its error); \
+         pgpipe's own estimate of the latency a pipelined query saved against the same pool \
+         with pipelining off (its latency-saved counterfactual, per pipelined query), then the \
+         measured difference in mean latency against `pgpipe off` with the same pool size in \
+         the same cell: the estimate and what it estimates (the model assumes callers that send \
+         their next query at once; requests that do work between queries make it run low); \
          `client/server µs/q`: CPU per query."
     );
 }

@@ -27,7 +27,8 @@ pub(crate) struct Record {
     pub(crate) requests_per_sec: f64,
     /// Mean request latency.
     pub(crate) mean_ms: f64,
-    /// pgpipe's own estimate of latency saved per query.
+    /// pgpipe's own estimate of latency saved per pipelined query, against
+    /// the same pool with pipelining off (negative where it cost time).
     pub(crate) saved_ms_per_query: Option<f64>,
     /// pgpipe's count of round trips saved, per query.
     pub(crate) round_trips_saved_share: Option<f64>,

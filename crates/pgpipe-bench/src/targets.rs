@@ -318,11 +318,33 @@ fn deadpool(url: &str, n: usize) -> Result<deadpool_postgres::Pool, BoxError> {
         .build()?)
 }
 
-/// pgpipe's own figures: round trips saved and latency saved (seconds).
+/// pgpipe's own figures: round trips saved, and what latency saved is
+/// made of: the time its pipelined queries would have taken with
+/// pipelining off (the estimate), the time they took, and how many.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Savings {
     pub(crate) round_trips: f64,
-    pub(crate) seconds: f64,
+    pub(crate) without: f64,
+    pub(crate) taken: f64,
+    pub(crate) pipelined: f64,
+}
+
+impl Savings {
+    /// The figures since `before`.
+    pub(crate) fn since(self, before: Savings) -> Savings {
+        Savings {
+            round_trips: self.round_trips - before.round_trips,
+            without: self.without - before.without,
+            taken: self.taken - before.taken,
+            pipelined: self.pipelined - before.pipelined,
+        }
+    }
+
+    /// The estimated latency saved per pipelined query (negative where
+    /// pipelining cost time), in milliseconds.
+    pub(crate) fn per_query_ms(self) -> Option<f64> {
+        (self.pipelined > 0.0).then(|| (self.without - self.taken) * 1e3 / self.pipelined)
+    }
 }
 
 impl Target {
@@ -333,14 +355,24 @@ impl Target {
         };
         let mut savings = Savings::default();
         for family in registry.gather() {
-            let total: f64 = family
-                .get_metric()
-                .iter()
-                .map(|m| m.get_counter().get_value())
-                .sum();
+            let metrics = family.get_metric().iter();
+            let total: f64 = metrics.clone().map(|m| m.get_counter().get_value()).sum();
             match family.name() {
                 "pgpipe_pipeline_round_trips_saved_total" => savings.round_trips = total,
-                "pgpipe_pipeline_latency_saved_seconds_total" => savings.seconds = total,
+                "pgpipe_pipeline_latency_without_pipelining_seconds_total" => {
+                    savings.without = total;
+                }
+                "pgpipe_query_duration_seconds" => {
+                    let pipelined = metrics.filter(|m| {
+                        m.get_label()
+                            .iter()
+                            .any(|l| l.name() == "mode" && l.value() == "pipelined")
+                    });
+                    for m in pipelined {
+                        savings.taken += m.get_histogram().get_sample_sum();
+                        savings.pipelined += m.get_histogram().get_sample_count() as f64;
+                    }
+                }
                 _ => {}
             }
         }

@@ -64,11 +64,16 @@ impl Connection {
         run: RunSettings,
         held: Option<Arc<Metrics>>,
     ) -> Connection {
+        let held = held.map(|metrics| {
+            let since = std::time::Instant::now();
+            metrics.saved.held(since);
+            (since, metrics)
+        });
         Connection {
             object,
             _claim: claim,
             run,
-            held: held.map(|metrics| (std::time::Instant::now(), metrics)),
+            held,
         }
     }
 
@@ -272,6 +277,7 @@ impl Drop for Connection {
             metrics
                 .exclusive_hold
                 .observe(since.elapsed().as_secs_f64());
+            metrics.saved.released(*since);
         }
         self.object.state.life.set_exclusive(false);
         self.object.returned();

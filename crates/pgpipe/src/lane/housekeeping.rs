@@ -42,5 +42,6 @@ async fn run(pool: Weak<Lane>) {
             wire.rtt.rotate();
         }
         pool.router().tick(TICK, rotate);
+        pool.fold_saved();
     }
 }

@@ -243,8 +243,9 @@ impl Lane {
         );
         let conn = checkout.await;
         self.waited(waiting);
-        if let Some(metrics) = &self.metrics {
+        if let (Some(metrics), Some(waiting)) = (&self.metrics, waiting) {
             metrics.checkout(conn.as_ref().map(drop));
+            metrics.saved.checkout_waited(waiting.elapsed());
         }
         conn
     }
@@ -304,6 +305,14 @@ impl Lane {
             let now = now.unwrap_or_else(Instant::now);
             let waited = now.saturating_duration_since(since);
             metrics.connection_wait.observe_duration(waited);
+        }
+    }
+
+    /// Folds latency saved, with pipelining on (see
+    /// [`metrics`](crate::metrics)'s `saved`).
+    pub(crate) fn fold_saved(&self) {
+        if let (Some(metrics), true) = (&self.metrics, self.config.pipelining) {
+            metrics.fold_saved(self.config.max_size, self.wire.rtt.estimate());
         }
     }
 

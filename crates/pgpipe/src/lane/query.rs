@@ -12,7 +12,7 @@
 //! for the pool) lands in [`run`].
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::types::ToSql;
 
@@ -27,6 +27,7 @@ use crate::exclusive::Holder;
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::Code;
 use crate::shared::costs::{CostKey, Costs};
+use crate::shared::{Place, SharedConn};
 use crate::trace::Trace;
 
 /// The span of one query, with the `tracing` feature; see
@@ -106,6 +107,7 @@ async fn observed(
         return run_unobserved(pool, sql, params, op, slow, watch).await;
     };
     let counting = Counting::start(metrics, pool.mode());
+    let _step = metrics.saved.steps.step();
     let watch = Watch {
         waiting: Some(counting.started()),
         trace,
@@ -228,6 +230,7 @@ async fn run_shared(
         let place = place?;
         trace.admitted(place.ahead, waiting);
         router.batch_window(&place).await;
+        let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
         let conn = &place.conn;
         let prepare = Prepare::Spawned(conn);
         let target = conn.conn().target();
@@ -236,6 +239,7 @@ async fn run_shared(
             run::within_deadline(settings.query_timeout, target, query, || router.late(conn)).await;
         if result.is_ok() {
             cost.learn(router.costs(), admitted);
+            alone.answered(pool, conn);
         }
         if let Err(e) = &result {
             if e.kind() == ErrorKind::ConnectionLost {
@@ -257,6 +261,36 @@ async fn run_shared(
             // Never sent: run it on another connection. Once sent, never again.
             Err(e) if e.is_unsent() && retries.take_unsent() => {}
             result => return result,
+        }
+    }
+}
+
+/// A query sent alone (nothing in flight on its connection), for latency
+/// saved: when it was sent, and the lane's statement-cache misses then. Its
+/// time from there to its answer is what it would take with pipelining off
+/// and a connection free, unless a statement was prepared meanwhile (a
+/// round trip more: not counted). Only its first try, and only with
+/// metrics.
+struct Alone(Option<(Instant, u64)>);
+
+impl Alone {
+    fn sent(pool: &Lane, place: &Place<'_>, counted: bool) -> Alone {
+        let misses = || pool.metrics().map_or(0, |m| m.statement_misses());
+        Alone((counted && place.ahead == 0).then(|| (Instant::now(), misses())))
+    }
+
+    /// Also how long after its answer was read this task ran again: what
+    /// a task woken by another waits for a thread now.
+    fn answered(&self, pool: &Lane, conn: &SharedConn) {
+        if let (Some((sent, misses)), Some(metrics)) = (self.0, pool.metrics()) {
+            if metrics.statement_misses() != misses {
+                return;
+            }
+            let read = conn.state().counts.last_ready_nanos();
+            let woke = pool.wire().now_nanos().saturating_sub(read);
+            metrics
+                .saved
+                .alone(sent.elapsed(), Duration::from_nanos(woke));
         }
     }
 }

@@ -2,11 +2,11 @@
 //! [`Metrics::new`], which makes them and resolves every labelled child
 //! once, so that counting an event is an index and an atomic add.
 
-use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts};
 
 use super::histogram::{Family, Unit};
 use super::{
-    CloseReason, Labels, Metrics, Mode, Outcome, PoolerError, QuarantineReason, Rejection,
+    CloseReason, Labels, Metrics, Mode, Outcome, PoolerError, QuarantineReason, Rejection, Saved,
     WireMetrics,
 };
 
@@ -215,12 +215,6 @@ impl Metrics {
                      flight, and so did not pay a round trip of their own.",
                     pool,
                 ))?,
-                latency_saved: Counter::with_opts(opts(
-                    "pipeline_latency_saved_seconds_total",
-                    "Estimate: round trips saved times the round-trip estimate at the time; \
-                     the time these queries would have spent waiting for a round trip each.",
-                    pool,
-                ))?,
                 syncs_saved: IntCounter::with_opts(opts(
                     "read_group_syncs_saved_total",
                     "Syncs not sent: reads that went out in one write on a read lane's \
@@ -245,6 +239,7 @@ impl Metrics {
                     QuarantineReason::label,
                 ),
             },
+            saved: Saved::new(pool)?,
             queries_vec,
             checkouts_vec,
             pooler_errors_vec,

@@ -88,6 +88,17 @@ impl Buckets {
         self.observe(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX));
     }
 
+    /// For a histogram of durations: the observations so far, and their
+    /// sum in seconds (latency saved folds these).
+    pub(crate) fn duration_totals(&self) -> (u64, f64) {
+        let counts = &*self.0;
+        let total = counts.counts.iter().map(|c| c.load(Relaxed)).sum();
+        (
+            total,
+            counts.sum.load(Relaxed) as f64 / Unit::Seconds.scale(),
+        )
+    }
+
     fn to_proto(&self, unit: Unit) -> proto::Histogram {
         let counts = &*self.0;
         let scale = unit.scale();

@@ -5,7 +5,10 @@
 //! - **Events**, counted where they happen with pre-resolved metric handles
 //!   (atomics, no lock, no allocation): queries by mode and outcome, their
 //!   durations, waits, rejections, connections opened and closed, and, in the
-//!   socket tap, batch sizes, round trips saved and latency saved.
+//!   socket tap, batch sizes and round trips saved.
+//! - **Latency saved**, an estimate of the same pool without pipelining,
+//!   folded by the housekeeping tick from what the pool counts anyway
+//!   ([`saved`]).
 //! - **State**, read from the pool when Prometheus scrapes: connections by
 //!   state, pipeline depth, queue depth, the round-trip estimate.
 //!
@@ -19,10 +22,11 @@ mod families;
 mod histogram;
 pub(crate) mod hosts;
 mod labels;
+mod saved;
 
 use std::time::Duration;
 
-use prometheus::{Counter, Histogram, IntCounter, IntCounterVec};
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 
 pub(crate) use collector::{Snapshot, register};
 pub(crate) use counting::Counting;
@@ -32,6 +36,7 @@ use histogram::Family;
 pub(crate) use hosts::HostMetrics;
 pub(crate) use labels::{CloseReason, Labels, Mode, QuarantineReason};
 use labels::{Outcome, PoolerError, Rejection};
+pub(crate) use saved::Saved;
 
 use crate::error::{Error, ErrorKind};
 
@@ -40,7 +45,6 @@ use crate::error::{Error, ErrorKind};
 pub(crate) struct WireMetrics {
     pub(crate) batch_size: Histogram,
     pub(crate) round_trips_saved: IntCounter,
-    pub(crate) latency_saved: Counter,
     /// Read groups: Syncs dropped, reads per group, reads run again.
     pub(crate) syncs_saved: IntCounter,
     pub(crate) group_size: Histogram,
@@ -84,6 +88,8 @@ pub(crate) struct Metrics {
     pub(crate) connection_errors: IntCounter,
     closed: Box<[IntCounter]>,
     pub(crate) wire: WireMetrics,
+    /// Latency saved: what it is folded from, and its counters.
+    pub(crate) saved: Saved,
     // The families, for collection.
     queries_vec: IntCounterVec,
     checkouts_vec: IntCounterVec,
@@ -138,7 +144,19 @@ impl Metrics {
         }
     }
 
+    /// Statement-cache misses so far.
+    pub(crate) fn statement_misses(&self) -> u64 {
+        self.statement_misses.get()
+    }
+
     pub(crate) fn closed(&self, reason: CloseReason) {
         self.closed[reason as usize].inc();
+    }
+
+    /// Folds latency saved (see [`saved`]): a pipelining lane's
+    /// housekeeping tick calls this.
+    pub(crate) fn fold_saved(&self, max_size: usize, rtt: Option<Duration>) {
+        let durations = &self.durations[Mode::Pipelined as usize];
+        self.saved.fold(durations, max_size, rtt);
     }
 }

@@ -232,12 +232,6 @@ impl<S> TappedStream<S> {
                 let saved = if idle { syncs - 1 } else { syncs };
                 metrics.wire.batch_size.observe(syncs as f64);
                 metrics.wire.round_trips_saved.inc_by(saved);
-                if let Some(rtt) = self.pool.rtt.estimate() {
-                    metrics
-                        .wire
-                        .latency_saved
-                        .inc_by(saved as f64 * rtt.as_secs_f64());
-                }
             }
         }
     }
