@@ -293,3 +293,71 @@ fn every_alert_waits_is_per_instance_and_has_a_runbook() {
         "only an unreachable database, no primary, or two primaries page"
     );
 }
+
+#[test]
+fn choosing_a_pool_keeps_its_read_lanes_and_hosts() {
+    // A pool's series carry `pool` values such as these (metrics/labels.rs):
+    // the write lane by its name, the read lane `/read`, and with several
+    // hosts each host's lanes `@host:port`.
+    let values = [
+        "orders",
+        "orders/read",
+        "orders@db1:5432",
+        "orders@db1:5432/read",
+        "orders@db2:5432/read",
+        "orders2",
+        "billing@db1:5432",
+    ];
+    let text = std::fs::read_to_string(repo_file("dashboards/pgpipe.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let variable = dashboard["templating"]["list"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "pool")
+        .unwrap();
+    // Grafana offers what the variable's regex captures: each pool once,
+    // by its name.
+    let capture = variable["regex"].as_str().unwrap().trim_matches('/');
+    let capture = regex::Regex::new(capture).unwrap();
+    let offered: BTreeSet<&str> = values
+        .iter()
+        .filter_map(|v| capture.captures(v))
+        .map(|c| c.get(1).unwrap().as_str())
+        .collect();
+    assert_eq!(offered, BTreeSet::from(["billing", "orders", "orders2"]));
+    // Every panel's matcher, with `orders` chosen, takes all of its lanes
+    // and hosts and nothing of another pool (Prometheus anchors `=~`).
+    let mut matchers = BTreeSet::new();
+    collect_pool_matchers(&text, &mut matchers);
+    assert_eq!(matchers.len(), 1, "one way to match a pool: {matchers:?}");
+    let matcher = matchers.pop_first().unwrap().replace("$pool", "orders");
+    let matcher = regex::Regex::new(&format!("^(?:{matcher})$")).unwrap();
+    let chosen: Vec<&str> = values
+        .iter()
+        .copied()
+        .filter(|v| matcher.is_match(v))
+        .collect();
+    assert_eq!(
+        chosen,
+        [
+            "orders",
+            "orders/read",
+            "orders@db1:5432",
+            "orders@db1:5432/read",
+            "orders@db2:5432/read"
+        ]
+    );
+}
+
+/// The regex of every `pool=~"…"` in the dashboard's JSON text.
+fn collect_pool_matchers(text: &str, out: &mut BTreeSet<String>) {
+    let open = "pool=~\\\"";
+    let mut rest = text;
+    while let Some(at) = rest.find(open) {
+        rest = &rest[at + open.len()..];
+        let end = rest.find("\\\"").unwrap();
+        out.insert(rest[..end].to_string());
+        rest = &rest[end..];
+    }
+}
