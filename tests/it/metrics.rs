@@ -199,9 +199,10 @@ async fn what_operators_ask_for_next_is_exported_and_moves() {
     assert!(scrape.value("pgpipe_connections", &[("state", "opening")]) >= 0.0);
 }
 
-/// Queries through `Executor` on a `get()` connection and its transactions
-/// count as `mode="exclusive"` on a pipelined pool, and `get()` itself is
-/// counted by outcome, a refused one also as a rejection.
+/// Statements on a `get()` connection and its transactions count as
+/// `mode="exclusive"` on a pipelined pool, as the server answered them
+/// (`BEGIN` and the `ROLLBACK` of a dropped transaction too), and `get()`
+/// itself is counted by outcome, a refused one also as a rejection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_traffic_and_checkouts_are_counted() {
     use pgpipe::Executor;
@@ -232,12 +233,14 @@ async fn exclusive_traffic_and_checkouts_are_counted() {
         tx.query("SELECT 3", &[]).await.unwrap();
         tx.execute("SELECT 1/0", &[]).await.unwrap_err();
     }
-    assert_eq!(exclusive("ok"), 3.0);
+    // The dropped transaction's ROLLBACK goes out behind it: the next
+    // statement's answer comes after the ROLLBACK's.
+    conn.query_one("SELECT 4", &[]).await.unwrap();
+    // SELECT 1, 2, BEGIN, SELECT 3, ROLLBACK, SELECT 4; and 1/0.
+    assert_eq!(exclusive("ok"), 6.0);
     assert_eq!(exclusive("db_error"), 1.0);
     assert_eq!(checkouts("ok"), 1.0);
 
-    // The only connection is held: a second get() in this task would never
-    // be served (refused as a deadlock), in another it times out.
     let refused = pool.get().await.unwrap_err();
     assert_eq!(refused.kind(), pgpipe::ErrorKind::Deadlock);
     let other = pool.clone();
@@ -256,18 +259,22 @@ async fn exclusive_traffic_and_checkouts_are_counted() {
         );
     }
 
-    // A query its caller drops is cancelled, not lost.
-    let slow = conn.query("SELECT pg_sleep(1)", &[]);
+    // A statement its caller drops still runs: it counts as it ended on the
+    // server, also when the connection went back to the pool meanwhile.
+    let slow = conn.query("SELECT pg_sleep(0.5)", &[]);
     assert!(
         tokio::time::timeout(Duration::from_millis(100), slow)
             .await
             .is_err()
     );
-    assert_eq!(exclusive("cancelled"), 1.0);
     drop(conn);
-    // The pool's own queries are still pipelined, not exclusive (once the
-    // abandoned sleep has ended and the connection is back).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    pool.query("SELECT 4", &[]).await.unwrap();
-    assert_eq!(exclusive("ok"), 3.0);
+    let patience = tokio::time::Instant::now() + Duration::from_secs(30);
+    while exclusive("ok") < 7.0 && tokio::time::Instant::now() < patience {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(exclusive("ok"), 7.0);
+    // The pool's own queries are pipelined, not exclusive.
+    pool.query("SELECT 5", &[]).await.unwrap();
+    assert_eq!(exclusive("ok"), 7.0);
+    assert_eq!(exclusive("cancelled"), 0.0);
 }

@@ -49,6 +49,7 @@ mod protocol;
 mod routed;
 mod shared;
 mod slow;
+mod statement;
 mod status;
 mod sync;
 mod target;
@@ -64,12 +65,13 @@ pub use error::{Error, ErrorKind};
 pub use exclusive::{
     Connection, OwnedTransaction, Transaction, TransactionBuilder, TransactionOptions,
 };
-pub use executor::Executor;
+pub use executor::{Executor, RowStream};
 pub use listener::{Event, Gap, Listener};
 pub use pool::Pool;
 pub use pooler::{Pooler, Prepare};
 pub use routed::Routed;
 pub use slow::Slow;
+pub use statement::{Statement, ToQuery};
 pub use status::Status;
 pub use target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
 pub use tokio_postgres::IsolationLevel;

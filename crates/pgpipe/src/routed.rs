@@ -6,6 +6,7 @@ use tokio_postgres::types::ToSql;
 use crate::answer::{Op, at_most_one, exactly_one};
 use crate::batch::Batch;
 use crate::error::Error;
+use crate::statement::{ToQuery, pool_sql};
 use std::sync::Arc;
 
 use crate::hosts::Hosts;
@@ -32,20 +33,31 @@ impl<'a> Routed<'a> {
         Routed { hosts, consistency }
     }
 
+    /// The pool's hosts.
+    pub(crate) fn hosts(&self) -> &Arc<Hosts> {
+        self.hosts
+    }
+
     /// As [`Pool::query`](crate::Pool::query), as a read.
     ///
     /// # Errors
     ///
     /// As [`Pool::query`](crate::Pool::query), and [`ErrorKind::NoReplica`](crate::ErrorKind::NoReplica)
     /// when no standby fits and the fallback is `Fail`.
-    pub async fn query(
+    pub async fn query<Q: ToQuery + ?Sized>(
         &self,
-        sql: &str,
+        query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
         let answer = self
             .hosts
-            .run_as(sql, params, Op::Query, false, Some(self.consistency))
+            .run_as(
+                pool_sql(query)?,
+                params,
+                Op::Query,
+                false,
+                Some(self.consistency),
+            )
             .await?;
         Ok(answer.into_rows())
     }
@@ -55,8 +67,12 @@ impl<'a> Routed<'a> {
     /// # Errors
     ///
     /// As [`query`](Routed::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount).
-    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        exactly_one(self.query(sql, params).await?)
+    pub async fn query_one<Q: ToQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        exactly_one(self.query(query, params).await?)
     }
 
     /// As [`Pool::query_opt`](crate::Pool::query_opt), as a read.
@@ -64,12 +80,12 @@ impl<'a> Routed<'a> {
     /// # Errors
     ///
     /// As [`query`](Routed::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount).
-    pub async fn query_opt(
+    pub async fn query_opt<Q: ToQuery + ?Sized>(
         &self,
-        sql: &str,
+        query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(self.query(sql, params).await?)
+        at_most_one(self.query(query, params).await?)
     }
 
     /// As [`Pool::execute`](crate::Pool::execute), as a read: a statement that writes fails with
@@ -78,10 +94,20 @@ impl<'a> Routed<'a> {
     /// # Errors
     ///
     /// As [`query`](Routed::query).
-    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+    pub async fn execute<Q: ToQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
         let answer = self
             .hosts
-            .run_as(sql, params, Op::Execute, false, Some(self.consistency))
+            .run_as(
+                pool_sql(query)?,
+                params,
+                Op::Execute,
+                false,
+                Some(self.consistency),
+            )
             .await?;
         Ok(answer.rows_affected())
     }

@@ -5,6 +5,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::answer::{Op, at_most_one, exactly_one};
 use crate::error::Error;
+use crate::statement::{ToQuery, pool_sql};
 use std::sync::Arc;
 
 use crate::hosts::Hosts;
@@ -23,19 +24,24 @@ impl Slow<'_> {
         Slow { hosts, read }
     }
 
+    /// The pool's hosts.
+    pub(crate) fn hosts(&self) -> &Arc<Hosts> {
+        self.hosts
+    }
+
     /// As [`Pool::query`](crate::Pool::query), marked slow.
     ///
     /// # Errors
     ///
     /// As [`Pool::query`](crate::Pool::query).
-    pub async fn query(
+    pub async fn query<Q: ToQuery + ?Sized>(
         &self,
-        sql: &str,
+        query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
         let answer = self
             .hosts
-            .run_as(sql, params, Op::Query, true, self.read)
+            .run_as(pool_sql(query)?, params, Op::Query, true, self.read)
             .await?;
         Ok(answer.into_rows())
     }
@@ -45,8 +51,12 @@ impl Slow<'_> {
     /// # Errors
     ///
     /// As [`Pool::query_one`](crate::Pool::query_one).
-    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        exactly_one(self.query(sql, params).await?)
+    pub async fn query_one<Q: ToQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        exactly_one(self.query(query, params).await?)
     }
 
     /// As [`Pool::query_opt`](crate::Pool::query_opt), marked slow.
@@ -54,12 +64,12 @@ impl Slow<'_> {
     /// # Errors
     ///
     /// As [`Pool::query_opt`](crate::Pool::query_opt).
-    pub async fn query_opt(
+    pub async fn query_opt<Q: ToQuery + ?Sized>(
         &self,
-        sql: &str,
+        query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(self.query(sql, params).await?)
+        at_most_one(self.query(query, params).await?)
     }
 
     /// As [`Pool::execute`](crate::Pool::execute), marked slow.
@@ -67,10 +77,14 @@ impl Slow<'_> {
     /// # Errors
     ///
     /// As [`Pool::execute`](crate::Pool::execute).
-    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+    pub async fn execute<Q: ToQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
         let answer = self
             .hosts
-            .run_as(sql, params, Op::Execute, true, self.read)
+            .run_as(pool_sql(query)?, params, Op::Execute, true, self.read)
             .await?;
         Ok(answer.rows_affected())
     }

@@ -25,8 +25,18 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "leaves",
         &[
-            "error", "config", "metrics", "trace", "answer", "status", "sync", "target", "pooler",
-            "ordered", "budget",
+            "error",
+            "config",
+            "metrics",
+            "trace",
+            "answer",
+            "status",
+            "sync",
+            "target",
+            "pooler",
+            "ordered",
+            "budget",
+            "statement",
         ],
     ),
 ];

@@ -49,6 +49,7 @@ pub(crate) use manager::Manager;
 use notifications::Notifications;
 pub(crate) use run::Target;
 pub(crate) use state::ConnState;
+use state::held::POOL_OWN;
 use statement_cache::{StatementCache, Ticket};
 pub(crate) use wire::{HostSignal, PoolWire};
 
@@ -116,7 +117,9 @@ impl PgConn {
     }
 
     async fn reset(&self, rollback: bool) -> Result<(), Error> {
-        let mut sql = String::new();
+        // The pool's own, not a holder's statements (`begin()` and `commit()`
+        // send it on a held connection).
+        let mut sql = String::from(POOL_OWN);
         if rollback {
             sql.push_str("ROLLBACK; ");
         }
@@ -148,7 +151,7 @@ impl PgConn {
             .collect();
         if !deallocate.is_empty() {
             self.client
-                .batch_execute(&deallocate.join("; "))
+                .batch_execute(&format!("{POOL_OWN}{}", deallocate.join("; ")))
                 .await
                 .map_err(failed)?;
         }

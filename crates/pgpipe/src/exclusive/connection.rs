@@ -5,18 +5,16 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use deadpool::managed::Object;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Notification, Statement};
 
 use super::options::{TransactionBuilder, TransactionOptions};
 use super::transaction::Parts;
 use super::{Claim, Transaction};
-use crate::answer::{Answer, Op};
 use crate::conn::notifications::Notifications;
 use crate::conn::run::{self, RunSettings};
 use crate::conn::{Manager, PgConn};
 use crate::error::{Error, ErrorKind};
-use crate::metrics::{Counting, Metrics, Mode};
+use crate::metrics::Metrics;
 
 /// A connection checked out with [`Pool::get`](crate::Pool::get): yours alone
 /// until dropped, never shared meanwhile.
@@ -51,9 +49,10 @@ pub struct Connection {
     object: Object<Manager>,
     _claim: Claim,
     run: RunSettings,
-    /// Since when its user holds it, for `exclusive_hold_seconds`, and the
-    /// metrics its `Executor` queries count in (only `get()`'s connections:
-    /// the pool's own one-query checkouts are counted where they start).
+    /// Since when its user holds it, for `exclusive_hold_seconds` (only
+    /// `get()`'s and `begin()`'s connections, whose statements the tap
+    /// counts: the pool's own one-query checkouts are counted where they
+    /// start).
     held: Option<(std::time::Instant, Arc<Metrics>)>,
 }
 
@@ -65,6 +64,8 @@ impl Connection {
         held: Option<Arc<Metrics>>,
     ) -> Connection {
         let held = held.map(|metrics| {
+            // From here the tap counts what its holder sends, however sent.
+            object.state.held.begin();
             let since = std::time::Instant::now();
             metrics.saved.held(since);
             (since, metrics)
@@ -134,7 +135,6 @@ impl Connection {
             state,
             peer,
             run: self.run,
-            metrics: self.held.as_ref().map(|(_, metrics)| &**metrics),
         };
         Ok(Transaction::new(inner, parts))
     }
@@ -192,28 +192,6 @@ impl Connection {
         &self.object.client
     }
 
-    pub(crate) async fn run(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-    ) -> Result<Answer, Error> {
-        self.run_on(self.object.target(), sql, params, op).await
-    }
-
-    /// As [`run`](Connection::run), inside a transaction the caller began
-    /// on it: a cached plan the server refused is not retried, since the
-    /// refusal aborted the transaction.
-    pub(crate) async fn run_in_transaction(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-    ) -> Result<Answer, Error> {
-        self.run_on(self.transaction_target(), sql, params, op)
-            .await
-    }
-
     /// The connection as a place to run queries inside a transaction its
     /// caller began: a cached plan the server refused is not retried.
     pub(crate) fn transaction_target(&self) -> run::Target<'_> {
@@ -221,24 +199,6 @@ impl Connection {
             heal: false,
             ..self.object.target()
         }
-    }
-
-    async fn run_on(
-        &self,
-        target: run::Target<'_>,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-    ) -> Result<Answer, Error> {
-        let counting = self
-            .held
-            .as_ref()
-            .map(|(_, m)| Counting::start(m, Mode::Exclusive));
-        let result = run::run_for_holder(target, sql, params, op, self.run).await;
-        if let Some(counting) = counting {
-            counting.finish(result.as_ref().map(drop));
-        }
-        result
     }
 
     /// Prepares `sql` through the connection's statement cache: the first
@@ -258,6 +218,11 @@ impl Connection {
         &self.object.notifications
     }
 
+    /// How its queries run.
+    pub(crate) fn run_settings(&self) -> RunSettings {
+        self.run
+    }
+
     /// The pooled connection underneath.
     pub(crate) fn pg_conn(&self) -> &PgConn {
         &self.object
@@ -271,6 +236,12 @@ impl Connection {
     }
 }
 
+impl super::OnConnection for Connection {
+    fn place(&self) -> (run::Target<'_>, RunSettings) {
+        (self.object.target(), self.run)
+    }
+}
+
 impl Drop for Connection {
     fn drop(&mut self) {
         if let Some((since, metrics)) = &self.held {
@@ -279,6 +250,7 @@ impl Drop for Connection {
                 .observe(since.elapsed().as_secs_f64());
             metrics.saved.released(*since);
         }
+        self.object.state.held.end();
         self.object.state.life.set_exclusive(false);
         self.object.returned();
     }

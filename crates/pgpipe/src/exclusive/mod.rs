@@ -59,6 +59,13 @@ impl Drop for Claim {
     }
 }
 
+/// Where a checkout's queries run: its connection (inside a transaction or
+/// not), and how (caps, `query_timeout`). For the checkout's
+/// [`Executor`](crate::Executor).
+pub(crate) trait OnConnection {
+    fn place(&self) -> (crate::conn::run::Target<'_>, RunSettings);
+}
+
 /// Who will use a checked-out connection, and so whether its session must
 /// be reset before anyone else uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

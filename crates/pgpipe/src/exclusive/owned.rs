@@ -28,12 +28,10 @@ use std::future::Future;
 use std::pin::{Pin, pin};
 use std::task::{Context, Waker};
 
-use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
 use super::Connection;
 use super::options::TransactionOptions;
-use crate::answer::{Answer, Op};
 use crate::conn::manager::RECYCLE_PATIENCE;
 use crate::conn::run;
 use crate::error::{Error, ErrorKind};
@@ -200,15 +198,6 @@ impl OwnedTransaction {
     pub fn client(&self) -> &Client {
         self.conn.client()
     }
-
-    pub(crate) async fn run(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-    ) -> Result<Answer, Error> {
-        self.conn.run_in_transaction(sql, params, op).await
-    }
 }
 
 /// Runs two requests in one write, `first` written first; see
@@ -221,6 +210,12 @@ async fn in_order<'a>(
     let requests: Vec<Request<'a>> = vec![Box::pin(first), Box::pin(second)];
     let answers: Result<[_; 2], _> = join_in_order(requests).await.try_into();
     answers.unwrap_or_else(|_| unreachable!("join_in_order answers every future"))
+}
+
+impl super::OnConnection for OwnedTransaction {
+    fn place(&self) -> (crate::conn::run::Target<'_>, crate::conn::run::RunSettings) {
+        (self.conn.transaction_target(), self.conn.run_settings())
+    }
 }
 
 impl Drop for OwnedTransaction {

@@ -6,16 +6,13 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use tokio_postgres::Statement;
-use tokio_postgres::types::ToSql;
 
-use crate::answer::{Answer, Op};
 use crate::conn::ConnState;
 use crate::conn::connect::Peer;
 use crate::conn::describe::Descriptions;
 use crate::conn::run::{self, RunSettings, Target};
 use crate::conn::statement_cache::StatementCache;
 use crate::error::Error;
-use crate::metrics::{Counting, Metrics, Mode};
 
 /// A transaction, from [`Connection::transaction`](crate::Connection::transaction).
 ///
@@ -56,8 +53,6 @@ pub(crate) struct Parts<'a> {
     pub(crate) state: &'a ConnState,
     pub(crate) peer: &'a Peer,
     pub(crate) run: RunSettings,
-    /// Where its `Executor` queries are counted.
-    pub(crate) metrics: Option<&'a Metrics>,
 }
 
 impl<'a> Transaction<'a> {
@@ -139,22 +134,11 @@ impl<'a> Transaction<'a> {
             heal: false,
         }
     }
+}
 
-    pub(crate) async fn run(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        op: Op,
-    ) -> Result<Answer, Error> {
-        let counting = self
-            .parts
-            .metrics
-            .map(|m| Counting::start(m, Mode::Exclusive));
-        let result = run::run_for_holder(self.target(), sql, params, op, self.parts.run).await;
-        if let Some(counting) = counting {
-            counting.finish(result.as_ref().map(drop));
-        }
-        result
+impl super::OnConnection for Transaction<'_> {
+    fn place(&self) -> (Target<'_>, RunSettings) {
+        (self.target(), self.parts.run)
     }
 }
 

@@ -57,7 +57,7 @@ impl Metrics {
         let queries_vec = IntCounterVec::new(
             opts(
                 "queries_total",
-                "Queries finished, by how they ran and how they ended.",
+                "Queries finished, by how they ran and how they ended (a checkout's: every statement the server answered on it).",
                 pool,
             ),
             &["mode", "outcome"],

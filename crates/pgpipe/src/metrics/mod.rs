@@ -120,6 +120,22 @@ impl Metrics {
         }
     }
 
+    /// Records a statement the server answered on a held connection (see
+    /// the tap's `held`), ok or with an error, `elapsed` after the write
+    /// that carried it.
+    pub(crate) fn statement(&self, mode: Mode, elapsed: Duration, ok: bool) {
+        let outcome = if ok { Outcome::Ok } else { Outcome::DbError };
+        self.queries[mode as usize][outcome as usize].inc();
+        self.durations[mode as usize].observe_duration(elapsed);
+    }
+
+    /// Records a request written on a held connection whose answer never
+    /// came: the connection ended first.
+    pub(crate) fn statement_lost(&self, mode: Mode, elapsed: Duration) {
+        self.queries[mode as usize][Outcome::ConnectionLost as usize].inc();
+        self.durations[mode as usize].observe_duration(elapsed);
+    }
+
     /// Records a query whose caller dropped it before it finished.
     fn cancelled(&self, mode: Mode, elapsed: Duration) {
         self.queries[mode as usize][Outcome::Cancelled as usize].inc();

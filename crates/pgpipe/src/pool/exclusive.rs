@@ -4,7 +4,9 @@
 use super::Pool;
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::{Connection, Holder, NotBegun, OwnedTransaction, TransactionOptions};
-use crate::hosts::dispatch;
+use std::sync::Arc;
+
+use crate::hosts::{Hosts, dispatch};
 use crate::target::TargetSessionAttrs;
 
 /// How many connections `begin()` tries when the last user's session
@@ -66,6 +68,20 @@ impl Pool {
         dispatch::on_target(&self.hosts, target, |lane| lane.checkout_counted(holder)).await
     }
 
+    /// The pool's hosts.
+    pub(crate) fn hosts(&self) -> &Arc<Hosts> {
+        &self.hosts
+    }
+}
+
+/// A connection for the pool's handles' own use (a statement's prepare, a
+/// typed query), to the host [`get`](Pool::get) picks.
+pub(crate) async fn checkout(hosts: &Arc<Hosts>, holder: Holder) -> Result<Connection, Error> {
+    let target = hosts.settings.default_target;
+    dispatch::on_target(hosts, target, |lane| lane.checkout_counted(holder)).await
+}
+
+impl Pool {
     /// Begins a transaction on a connection of its own, which goes back to
     /// the pool when the transaction ends. Cheaper than [`get`](Pool::get)
     /// and [`Connection::transaction`] by a round trip: the session reset

@@ -7,6 +7,8 @@
 mod exclusive;
 mod replicas;
 
+pub(crate) use exclusive::checkout;
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +25,7 @@ use crate::hosts::{Endpoint, HostSettings, Hosts};
 use crate::lane::{Lane, Setup};
 use crate::listener::Listener;
 use crate::slow::Slow;
+use crate::statement::{ToQuery, pool_sql};
 use crate::status::Status;
 
 /// A pool of PostgreSQL connections whose queries, with
@@ -77,12 +80,15 @@ impl Pool {
     /// [`ErrorKind::QueueFull`](crate::ErrorKind::QueueFull),
     /// [`ErrorKind::Closed`](crate::ErrorKind::Closed) and
     /// [`ErrorKind::Connect`](crate::ErrorKind::Connect) from the pool.
-    pub async fn query(
+    pub async fn query<Q: ToQuery + ?Sized>(
         &self,
-        sql: &str,
+        query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        let answer = self.hosts.run(sql, params, Op::Query, false).await?;
+        let answer = self
+            .hosts
+            .run(pool_sql(query)?, params, Op::Query, false)
+            .await?;
         Ok(answer.into_rows())
     }
 
@@ -92,8 +98,12 @@ impl Pool {
     ///
     /// As [`query`](Pool::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount)
     /// for zero rows or more than one.
-    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row, Error> {
-        exactly_one(self.query(sql, params).await?)
+    pub async fn query_one<Q: ToQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, Error> {
+        exactly_one(self.query(query, params).await?)
     }
 
     /// Runs a query that returns at most one row.
@@ -102,12 +112,12 @@ impl Pool {
     ///
     /// As [`query`](Pool::query), and [`ErrorKind::RowCount`](crate::ErrorKind::RowCount)
     /// for more than one row.
-    pub async fn query_opt(
+    pub async fn query_opt<Q: ToQuery + ?Sized>(
         &self,
-        sql: &str,
+        query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(self.query(sql, params).await?)
+        at_most_one(self.query(query, params).await?)
     }
 
     /// Runs a statement and returns how many rows it affected.
@@ -115,8 +125,15 @@ impl Pool {
     /// # Errors
     ///
     /// As [`query`](Pool::query).
-    pub async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
-        let answer = self.hosts.run(sql, params, Op::Execute, false).await?;
+    pub async fn execute<Q: ToQuery + ?Sized>(
+        &self,
+        query: &Q,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        let answer = self
+            .hosts
+            .run(pool_sql(query)?, params, Op::Execute, false)
+            .await?;
         Ok(answer.rows_affected())
     }
 

@@ -13,6 +13,11 @@ use super::Target;
 use crate::error::Error;
 use crate::metrics::CloseReason;
 
+/// The throwaway statement that takes a cancel still pending on the
+/// backend: the pool's own, not a holder's (it starts with
+/// [`POOL_OWN`](crate::conn::state::held::POOL_OWN)).
+const ABSORB: &str = "/* pgpipe */ SELECT 1";
+
 /// What becomes of a query still on the wire when its deadline passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Late {
@@ -105,10 +110,7 @@ pub(crate) async fn within_deadline<T>(
                 // caller's.
                 Ok(_) => {
                     // In a turn: never between an atomic batch's requests.
-                    let absorb = target
-                        .state
-                        .turns
-                        .send(target.client.batch_execute("SELECT 1"));
+                    let absorb = target.state.turns.send(target.client.batch_execute(ABSORB));
                     if tokio::time::timeout(CANCEL_GRACE, absorb).await.is_err() {
                         target.state.kill(CloseReason::Broken);
                     }

@@ -179,6 +179,36 @@ pub(crate) async fn run_for_holder(
     run_alone(target, sql, params, op, settings, false).await
 }
 
+/// Runs a holder's statement as they give it, on a connection they hold:
+/// `Prepared::Named`, a tokio-postgres `Statement` prepared on it;
+/// `Prepared::Unnamed`, `sql` unprepared with the caller's own parameter
+/// types (`query_typed`). Within the caps and `query_timeout`, as
+/// [`run_for_holder`].
+pub(crate) async fn run_given(
+    target: Target<'_>,
+    sql: &str,
+    statement: Prepared,
+    params: Params<'_, '_>,
+    op: Op,
+    settings: RunSettings,
+) -> Result<Answer, Error> {
+    if let Prepared::Unnamed(_) = statement {
+        params::check_sql_size(sql)?;
+        sql_guard::check_not_copy(sql)?;
+    }
+    params::check_params(statement.param_types(), params, false)?;
+    let usable = (op, Usable::Check);
+    let send = target.state.turns.send(send(
+        target,
+        sql,
+        &statement,
+        params,
+        usable,
+        settings.limits,
+    ));
+    within_deadline(settings.query_timeout, target, send, || Late::Cancel).await
+}
+
 /// Runs one query on a connection the caller has to itself (an exclusive
 /// checkout, a transaction), within `query_timeout`; past it, a cancel
 /// request goes to the backend, which can only hit this query. With `clean`,

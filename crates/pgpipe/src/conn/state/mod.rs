@@ -9,6 +9,8 @@
 //!   quarantine (the tap, lending, the reset).
 //! - [`life`]: why it closes, its I/O task, when it was handed around
 //!   (whoever decides; the exclusive side).
+//! - [`held`]: whether a caller holds it, for the statements the tap
+//!   counts (the exclusive side).
 //! - [`traits`]: what it is: behind a pooler, a read lane's (fixed at
 //!   open).
 //! - [`settle`]: who waits for its answers.
@@ -19,6 +21,7 @@
 //! quarantine, a kill, waiting for the wire to settle) is here.
 
 pub(crate) mod counts;
+pub(crate) mod held;
 pub(crate) mod life;
 pub(crate) mod load;
 pub(crate) mod session;
@@ -29,6 +32,7 @@ use std::sync::Arc;
 
 use crate::metrics::{CloseReason, Metrics, QuarantineReason};
 use counts::WireCounts;
+use held::Held;
 use life::Lifecycle;
 pub(crate) use load::{Load, LoadWord};
 use session::Session;
@@ -48,6 +52,8 @@ pub(crate) struct ConnState {
     pub(crate) life: Lifecycle,
     /// What it is.
     pub(crate) traits: Traits,
+    /// Whether a caller holds it (see [`held`]).
+    pub(crate) held: Held,
     /// Who waits for its answers.
     waiters: Waiters,
     /// Where quarantines and closes are counted.

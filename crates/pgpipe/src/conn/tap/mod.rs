@@ -24,11 +24,15 @@
 //! quarantined and takes no new query. The tap writes the connection's
 //! state and the pool's [`PoolWire`], nothing else.
 //!
+//! On a connection a caller holds, it counts every statement the server
+//! answers for them, whichever method sent it ([`held`]).
+//!
 //! On a read lane's connection the tap also rewrites the wire for read
 //! groups ([`groups`]); behind a pooler that needs it, it holds each write
 //! to one request group on the wire at a time (the gate, below).
 
 mod groups;
+mod held;
 
 use std::io;
 use std::pin::Pin;
@@ -40,6 +44,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::PoolWire;
 use super::state::ConnState;
+use super::state::held::POOL_OWN;
 use crate::metrics::CloseReason;
 use crate::protocol::coalesce::Grouping;
 use crate::protocol::framer::{Framer, Phase};
@@ -47,6 +52,7 @@ use crate::protocol::gate::Gate;
 use crate::protocol::sql_guard;
 use crate::protocol::watch::{SessionWatch, Verdict};
 use groups::Groups;
+use held::HeldRequests;
 
 /// A stream that reports what crosses it to its [`ConnState`] and the
 /// pool's [`PoolWire`].
@@ -71,6 +77,9 @@ pub(crate) struct TappedStream<S> {
     /// the wire at a time (see [`gate`](crate::protocol::gate)), and the
     /// write waiting for the answer that opens it.
     gate: Option<Box<(Gate, Option<std::task::Waker>)>>,
+    /// The requests a caller holding the connection wrote, for counting
+    /// their statements.
+    held: HeldRequests,
 }
 
 impl<S> TappedStream<S> {
@@ -90,6 +99,7 @@ impl<S> TappedStream<S> {
             },
             watch: Box::new(watch),
             gate: state.traits.one_at_a_time().then(Box::default),
+            held: HeldRequests::default(),
             state,
         }
     }
@@ -119,17 +129,28 @@ impl<S> TappedStream<S> {
         let pool = &self.pool;
         let answered_before = state.counts.readies();
         let (mut readies, mut copy_ins) = (0, 0);
+        let held = &mut self.held;
+        let counted = pool.metrics.as_deref().filter(|_| !held.is_empty());
         self.inbound.feed(bytes, |message| match message.kind {
             // COPY FROM STDIN over the extended protocol: the Sync sent
             // behind its Execute is ignored in copy-in mode, and the one
             // after CopyDone is answered. One request fewer than written.
-            b'G' => copy_ins += 1,
+            b'G' => {
+                copy_ins += 1;
+                held.copy_in(answered_before + readies + 1);
+            }
             b'Z' => {
                 let status = message.first.unwrap_or(b'I');
                 state.session.set_tx_status(status);
                 readies += 1;
+                held.ready(answered_before + readies);
                 if let Some(verdict) = watch.on_ready(status, answered_before + readies) {
                     apply(state, pool, verdict);
+                }
+            }
+            b'C' | b'I' | b'E' => {
+                if let Some(metrics) = counted {
+                    held.answer(answered_before + readies + 1, message.kind, metrics);
                 }
             }
             b'S' => {
@@ -181,6 +202,10 @@ impl<S> TappedStream<S> {
         if !shared {
             self.watch.unshared();
         }
+        // A holder's requests, counted as their answers come (see `held`).
+        let holder =
+            (!shared && self.pool.metrics.is_some() && self.state.held.is_on()).then(Instant::now);
+        let held = &mut self.held;
         let watch = &mut self.watch;
         // An exclusive connection's SQL is read as it goes out, whoever
         // sends it (the pool's methods, or the raw client a checkout derefs
@@ -203,6 +228,14 @@ impl<S> TappedStream<S> {
                     watch.on_simple_query(message.parameter_name(), request);
                 }
                 0 | b'Q' | b'F' => others += 1,
+                b'E' => return held.execute(),
+                _ => return,
+            }
+            let request = written_before + syncs + others;
+            match message.kind {
+                // The pool's own simple queries are not the holder's.
+                b'Q' if message.prefix.starts_with(POOL_OWN.as_bytes()) => {}
+                b'Q' | b'S' => held.written(request, holder, message.kind == b'Q'),
                 _ => {}
             }
         });
@@ -270,6 +303,24 @@ impl<S> TappedStream<S> {
     }
 }
 
+impl<S> TappedStream<S> {
+    /// The socket ended (end of file, an error): a holder's requests
+    /// still unanswered never will be.
+    fn ended(&mut self) {
+        if let Some(metrics) = &self.pool.metrics {
+            self.held.lost(metrics);
+        }
+    }
+}
+
+impl<S> Drop for TappedStream<S> {
+    /// The pool closed the connection (its I/O task ended) with a holder's
+    /// requests unanswered.
+    fn drop(&mut self) {
+        self.ended();
+    }
+}
+
 /// Applies what the watch decided about an answer.
 fn apply(state: &ConnState, pool: &PoolWire, verdict: Verdict) {
     state.quarantine(verdict.reason());
@@ -291,14 +342,15 @@ impl<S: AsyncRead + Unpin> AsyncRead for TappedStream<S> {
         if self.grouping() {
             return self.poll_read_grouped(cx, buf);
         }
-        let before = buf.filled().len();
+        let (before, room) = (buf.filled().len(), buf.remaining() > 0);
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = result {
-            let filled = &buf.filled()[before..];
-            if !filled.is_empty() {
-                self.observe_read(filled);
+        match &result {
+            Poll::Ready(Ok(())) if buf.filled().len() > before || !room => {
+                self.observe_read(&buf.filled()[before..]);
                 self.arm_groups();
             }
+            Poll::Ready(_) => self.ended(),
+            Poll::Pending => {}
         }
         result
     }
