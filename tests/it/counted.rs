@@ -15,13 +15,13 @@ use crate::support::{Scrape, app, builder};
 fn counted(registry: &Registry, outcome: &str) -> f64 {
     Scrape::of(registry).value(
         "pgpipe_queries_total",
-        &[("mode", "exclusive"), ("outcome", outcome)],
+        &[("mode", "checkout"), ("outcome", outcome)],
     )
 }
 
 fn timed(registry: &Registry) -> u64 {
     Scrape::of(registry)
-        .histogram_count_of("pgpipe_query_duration_seconds", &[("mode", "exclusive")])
+        .histogram_count_of("pgpipe_query_duration_seconds", &[("mode", "checkout")])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -200,7 +200,7 @@ async fn what_operators_ask_for_next_is_exported_and_moves() {
 }
 
 /// Statements on a `get()` connection and its transactions count as
-/// `mode="exclusive"` on a pipelined pool, as the server answered them
+/// `mode="checkout"`, as the server answered them
 /// (`BEGIN` and the `ROLLBACK` of a dropped transaction too), and `get()`
 /// itself is counted by outcome, a refused one also as a rejection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +218,7 @@ async fn exclusive_traffic_and_checkouts_are_counted() {
     let exclusive = |outcome: &str| {
         Scrape::of(&registry).value(
             "pgpipe_queries_total",
-            &[("mode", "exclusive"), ("outcome", outcome)],
+            &[("mode", "checkout"), ("outcome", outcome)],
         )
     };
     let checkouts = |outcome: &str| {

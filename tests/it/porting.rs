@@ -100,7 +100,7 @@ async fn statements_run_where_they_can() {
     // Counted at the connection, as every statement on a checkout is.
     let exclusive = Scrape::of(&registry).value(
         "pgpipe_queries_total",
-        &[("mode", "exclusive"), ("outcome", "ok")],
+        &[("mode", "checkout"), ("outcome", "ok")],
     );
     assert_eq!(exclusive, 1.0);
 
@@ -133,7 +133,7 @@ async fn query_typed_sends_the_callers_types() {
     assert_eq!(rows[0].get::<_, i64>(1), big + 1);
     let counted = Scrape::of(&registry).value(
         "pgpipe_queries_total",
-        &[("mode", "exclusive"), ("outcome", "ok")],
+        &[("mode", "checkout"), ("outcome", "ok")],
     );
     assert_eq!(counted, 1.0);
     // Prepared as the server infers it, the same SQL refuses the i64.

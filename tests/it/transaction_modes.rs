@@ -37,7 +37,7 @@ async fn modes_reach_the_server_and_end_with_their_transaction() {
     let exclusive_ok = || {
         Scrape::of(&registry).value(
             "pgpipe_queries_total",
-            &[("mode", "exclusive"), ("outcome", "ok")],
+            &[("mode", "checkout"), ("outcome", "ok")],
         )
     };
     let counted = exclusive_ok();
@@ -64,7 +64,7 @@ async fn modes_reach_the_server_and_end_with_their_transaction() {
     let mut conn = pool.get().await.unwrap();
     let before = Scrape::of(&registry).value(
         "pgpipe_queries_total",
-        &[("mode", "exclusive"), ("outcome", "ok")],
+        &[("mode", "checkout"), ("outcome", "ok")],
     );
     let tx = conn
         .build_transaction()
@@ -77,7 +77,7 @@ async fn modes_reach_the_server_and_end_with_their_transaction() {
     tx.commit().await.unwrap();
     let after = Scrape::of(&registry).value(
         "pgpipe_queries_total",
-        &[("mode", "exclusive"), ("outcome", "ok")],
+        &[("mode", "checkout"), ("outcome", "ok")],
     );
     assert!(after > before, "the transaction's query was counted");
     drop(conn);

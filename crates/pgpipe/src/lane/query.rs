@@ -107,7 +107,6 @@ async fn observed(
         return run_unobserved(pool, sql, params, op, slow, watch).await;
     };
     let counting = Counting::start(metrics, pool.mode());
-    let _step = metrics.saved.steps.step();
     let watch = Watch {
         waiting: Some(counting.started()),
         trace,

@@ -14,15 +14,20 @@ pub(crate) struct Counting<'a> {
     mode: Mode,
     start: Instant,
     done: bool,
+    /// Its task, as latency saved's steps know it (`saved::steps`), which
+    /// see the query start and end at the times read here.
+    task: u64,
 }
 
 impl<'a> Counting<'a> {
     pub(crate) fn start(metrics: &'a Metrics, mode: Mode) -> Counting<'a> {
+        let start = Instant::now();
         Counting {
             metrics,
             mode,
-            start: Instant::now(),
+            start,
             done: false,
+            task: metrics.saved.steps.start(start),
         }
     }
 
@@ -33,14 +38,18 @@ impl<'a> Counting<'a> {
 
     pub(crate) fn finish(mut self, result: Result<(), &Error>) {
         self.done = true;
-        self.metrics.query(self.mode, self.start.elapsed(), result);
+        let now = Instant::now();
+        self.metrics.query(self.mode, now - self.start, result);
+        self.metrics.saved.steps.end(self.task, now);
     }
 }
 
 impl Drop for Counting<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.metrics.cancelled(self.mode, self.start.elapsed());
+            let now = Instant::now();
+            self.metrics.cancelled(self.mode, now - self.start);
+            self.metrics.saved.steps.end(self.task, now);
         }
     }
 }

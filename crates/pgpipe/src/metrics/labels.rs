@@ -30,7 +30,13 @@ labels! {
     /// How a query was run.
     Mode {
         Pipelined = "pipelined",
+        /// The pool's own queries with pipelining off, each on a connection
+        /// it borrows.
         Exclusive = "exclusive",
+        /// Statements on a connection a caller holds (`get()`, `begin()`),
+        /// whichever method sent them, counted at the connection from the
+        /// server's answers.
+        Checkout = "checkout",
     }
 }
 

@@ -1,7 +1,7 @@
 //! Counting a holder's statements at the wire: every statement the server
 //! answers in a request its holder wrote (through pgpipe's methods or the
 //! raw tokio-postgres client a checkout dereferences to), as
-//! `pgpipe_queries_total{mode="exclusive"}` and its duration, from the write
+//! `pgpipe_queries_total{mode="checkout"}` and its duration, from the write
 //! that carried the request to the statement's answer.
 //!
 //! A statement ends with `CommandComplete` or `EmptyQueryResponse` (`ok`),
@@ -77,7 +77,7 @@ impl HeldRequests {
             _ => return,
         };
         front.counted = true;
-        metrics.statement(Mode::Exclusive, front.at.elapsed(), ok);
+        metrics.statement(Mode::Checkout, front.at.elapsed(), ok);
     }
 
     /// Request `request` has its `ReadyForQuery`: it is done.
@@ -102,7 +102,7 @@ impl HeldRequests {
     /// The socket ended: whatever is unanswered never will be.
     pub(super) fn lost(&mut self, metrics: &Metrics) {
         for pending in self.pending.drain(..).filter(|p| !p.counted) {
-            metrics.statement_lost(Mode::Exclusive, pending.at.elapsed());
+            metrics.statement_lost(Mode::Checkout, pending.at.elapsed());
         }
     }
 

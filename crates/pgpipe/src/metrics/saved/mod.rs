@@ -239,7 +239,7 @@ impl Saved {
 
     /// A connection is held exclusively from `since`.
     pub(crate) fn held(&self, since: Instant) {
-        self.steps.arrive(current_task());
+        self.steps.arrive(current_task(), since);
         self.checkouts.fetch_add(1, Ordering::Relaxed);
         self.held
             .fetch_add(self.held_word(since), Ordering::Relaxed);
@@ -252,8 +252,9 @@ impl Saved {
 
     /// The connection held from `since` is back.
     pub(crate) fn released(&self, since: Instant) {
-        self.steps.leave(current_task());
-        let (start, end) = (self.stamp(since), self.stamp(Instant::now()));
+        let now = Instant::now();
+        self.steps.leave(current_task(), now);
+        let (start, end) = (self.stamp(since), self.stamp(now));
         self.released_nanos
             .fetch_add(end.saturating_sub(start), Ordering::Relaxed);
         self.held

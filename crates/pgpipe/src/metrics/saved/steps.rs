@@ -2,7 +2,8 @@
 //! start a step of their own, and the time a task spends between two of
 //! its steps. Per query: a swap and a compare-exchange on the last task to
 //! start a query, a load at a step's start and a store at its end in a
-//! fixed table; no lock, no allocation.
+//! fixed table; no lock, no allocation, and no clock read of its own (the
+//! query's counting hands it the times it read).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -42,38 +43,51 @@ impl Default for Steps {
 }
 
 impl Steps {
-    /// A pipelined query starts: a new step unless the last query to start,
-    /// still running, is its own task's. The step's end is the guard's drop.
-    pub(crate) fn step(&self) -> Step<'_> {
+    /// A pipelined query of the current task starts at `now`: a new step
+    /// unless the last query to start, still running, is its own task's.
+    /// Returns the task, for [`end`](Steps::end) (0 outside a task).
+    pub(crate) fn start(&self, now: Instant) -> u64 {
         let task = current_task();
         if task == 0 || self.last_task.swap(task, Ordering::Relaxed) != task {
             self.steps.fetch_add(1, Ordering::Relaxed);
-            self.arrive(task);
+            self.arrive(task, now);
         }
-        Step(self, task)
+        task
     }
 
-    /// A step of `task` begins: the time since its last step ended, if
-    /// its slot still holds it, was spent between the two.
-    pub(super) fn arrive(&self, task: u64) {
+    /// The query [`start`](Steps::start) returned `task` for ended at
+    /// `now`: its step ends with it.
+    pub(crate) fn end(&self, task: u64, now: Instant) {
+        self.leave(task, now);
+        if task != 0 {
+            // Only if no other task's query started since.
+            let _ = self
+                .last_task
+                .compare_exchange(task, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// A step of `task` begins at `now`: the time since its last step
+    /// ended, if its slot still holds it, was spent between the two.
+    pub(super) fn arrive(&self, task: u64, now: Instant) {
         if task == 0 {
             return;
         }
         let (slot, tag) = Self::slot(task);
         let end = self.ends[slot].load(Ordering::Relaxed);
         if end >> STAMP_BITS == tag {
-            let gap = self.micros().wrapping_sub(end) & STAMP_MASK;
+            let gap = self.micros(now).wrapping_sub(end) & STAMP_MASK;
             if gap < LONGEST_GAP_MICROS {
                 self.between_micros.fetch_add(gap, Ordering::Relaxed);
             }
         }
     }
 
-    /// A step of `task` ends.
-    pub(super) fn leave(&self, task: u64) {
+    /// A step of `task` ends at `now`.
+    pub(super) fn leave(&self, task: u64, now: Instant) {
         if task != 0 {
             let (slot, tag) = Self::slot(task);
-            let end = (tag << STAMP_BITS) | (self.micros() & STAMP_MASK);
+            let end = (tag << STAMP_BITS) | (self.micros(now) & STAMP_MASK);
             self.ends[slot].store(end, Ordering::Relaxed);
         }
     }
@@ -82,8 +96,9 @@ impl Steps {
         ((task % SLOTS as u64) as usize, (task >> 8) & 0xFF_FFFF)
     }
 
-    fn micros(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+    fn micros(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.epoch);
+        since.as_secs() * 1_000_000 + u64::from(since.subsec_micros())
     }
 
     /// Query steps so far.
@@ -94,23 +109,6 @@ impl Steps {
     /// Seconds spent between two steps of one task, so far.
     pub(super) fn between(&self) -> f64 {
         self.between_micros.load(Ordering::Relaxed) as f64 * 1e-6
-    }
-}
-
-/// One query step's part, until dropped (see [`Steps::step`]).
-pub(crate) struct Step<'a>(&'a Steps, u64);
-
-impl Drop for Step<'_> {
-    fn drop(&mut self) {
-        // The step ends with its last query.
-        self.0.leave(self.1);
-        if self.1 != 0 {
-            // Only if no other task's query started since.
-            let _ =
-                self.0
-                    .last_task
-                    .compare_exchange(self.1, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
     }
 }
 
