@@ -35,7 +35,11 @@ fn rig() -> Option<(Pgbouncer, Proxy)> {
 }
 
 fn pool(proxy: &Proxy, pipelining: bool) -> Pool {
-    let url = format!("postgres://postgres@{}/postgres", proxy.addr());
+    let url = format!(
+        "postgres://postgres@{}/{}",
+        proxy.addr(),
+        pgpipe_test_support::database_name()
+    );
     Pool::builder()
         .url(&url)
         .max_size(3)

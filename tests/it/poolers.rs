@@ -542,6 +542,7 @@ async fn session_mode_pipelines_as_usual() {
 async fn the_server_behind_pgbouncer_stops_and_another_takes_over() {
     let old = Cluster::start().expect("a throwaway server");
     let Some(bouncer) = Pgbouncer::builder(&format!("127.0.0.1:{}", old.port()))
+        .database("postgres")
         .setting("server_login_retry", "1")
         .start()
         .expect("PgBouncer starts")

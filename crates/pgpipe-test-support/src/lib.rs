@@ -185,6 +185,14 @@ pub fn server_url(user: Option<&str>, addr: Option<&str>, db: Option<&str>) -> S
     format!("postgres://{user}@{addr}/{db}")
 }
 
+/// The database [`database_url`] names (`postgres` when it names none):
+/// what a pooler of the test's own in front of that server should be
+/// asked for, so that what the test sets up through [`admin`] is there.
+pub fn database_name() -> String {
+    let config: tokio_postgres::Config = database_url().parse().expect("DATABASE_URL parses");
+    config.get_dbname().unwrap_or("postgres").to_owned()
+}
+
 /// Adds `key=value` to a URL's query string.
 pub fn with_param(url: &str, key: &str, value: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };

@@ -18,6 +18,7 @@ pub struct Pgbouncer {
     port: u16,
     pid: u32,
     settings: Vec<(String, String)>,
+    database: String,
 }
 
 /// How a [`Pgbouncer`] is set up before it starts.
@@ -27,6 +28,7 @@ pub struct PgbouncerBuilder {
     upstream: String,
     settings: Vec<(String, String)>,
     binary: Option<PathBuf>,
+    database: Option<String>,
 }
 
 impl PgbouncerBuilder {
@@ -35,6 +37,14 @@ impl PgbouncerBuilder {
     pub fn setting(mut self, name: &str, value: &str) -> Self {
         self.settings.retain(|(n, _)| n != name);
         self.settings.push((name.into(), value.into()));
+        self
+    }
+
+    /// The database its [`url`](Pgbouncer::url) asks for: by default the
+    /// one [`database_url`](crate::database_url) names, which is right for
+    /// that server; a throwaway [`Cluster`](crate::Cluster) has `postgres`.
+    pub fn database(mut self, name: &str) -> Self {
+        self.database = Some(name.into());
         self
     }
 
@@ -63,6 +73,7 @@ impl PgbouncerBuilder {
             port,
             pid: 0,
             settings: self.settings,
+            database: self.database.unwrap_or_else(crate::database_name),
         };
         bouncer.write_config(&self.upstream)?;
         fs::write(bouncer.dir.join("userlist.txt"), "\"postgres\" \"\"\n")?;
@@ -134,12 +145,17 @@ impl Pgbouncer {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
             binary: None,
+            database: None,
         }
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// `postgres://postgres@127.0.0.1:PORT/DB`, `DB` the builder's
+    /// [`database`](PgbouncerBuilder::database).
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{}",
+            self.port, self.database
+        )
     }
 
     /// The port it listens on.

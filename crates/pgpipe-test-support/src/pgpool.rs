@@ -98,9 +98,14 @@ impl Pgpool {
         Ok(Some(pool))
     }
 
-    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    /// `postgres://postgres@127.0.0.1:PORT/DB`, `DB` the database
+    /// [`database_url`](crate::database_url) names.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{}",
+            self.port,
+            crate::database_name()
+        )
     }
 
     /// Its log so far.
