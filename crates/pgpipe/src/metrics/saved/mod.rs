@@ -53,7 +53,10 @@
 //! What this assumes: the callers' time between steps stays what it was
 //! (time the pool cannot see, such as a request in a task of its own per
 //! connection, is not counted, and the estimate runs low); queries like
-//! the ones sent alone (`S`); the same server time and round trip with one
+//! the ones sent alone (`S`), and a pipelined query's own client work
+//! (in `S`) no more than an exclusive one's: true of a release build (a
+//! few µs), not of an unoptimized one, where it is ~0.2 ms more and the
+//! estimate runs high by that; the same server time and round trip with one
 //! connection busy as with `max_size`. A connection held for long (a
 //! `LISTEN`) counts as one more caller, not one connection fewer. Two
 //! tasks starting queries at the same moment on two threads may split a
