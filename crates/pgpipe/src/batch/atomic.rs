@@ -93,7 +93,7 @@ impl Batch<'_> {
             }
         };
         let deadline = inner.run_settings().query_timeout;
-        let timed = run::within_deadline(deadline, target, pipeline, || Late::Cancel);
+        let timed = run::within_deadline(deadline, target, || pipeline, || Late::Cancel);
         let Ok(answers) = timed.await else {
             return Err(Error::new(
                 ErrorKind::QueryTimeout,

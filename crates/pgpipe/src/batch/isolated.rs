@@ -55,7 +55,7 @@ impl Batch<'_> {
                     &mut out,
                 );
                 let deadline = inner.run_settings().query_timeout;
-                let timed = run::within_deadline(deadline, target, round, || Late::Cancel);
+                let timed = run::within_deadline(deadline, target, || round, || Late::Cancel);
                 if timed.await.is_err() {
                     time_out(&mut out);
                 }
@@ -117,7 +117,7 @@ impl Batch<'_> {
                     clean,
                     &mut out,
                 );
-                if run::within_deadline(deadline, target, round, || router.late(&conn))
+                if run::within_deadline(deadline, target, || round, || router.late(&conn))
                     .await
                     .is_err()
                 {

@@ -128,7 +128,7 @@ impl Batch<'_> {
                 }
             };
             let (statements, answers) =
-                match run::within_deadline(settings.query_timeout, target, unit, late).await {
+                match run::within_deadline(settings.query_timeout, target, || unit, late).await {
                     Ok(Ok(sent)) => sent,
                     Ok(Err(Stopped::Refused(_, e))) if e.is_unsent() && retries.take_unsent() => {
                         continue; // its connection died first: nothing was sent

@@ -233,7 +233,7 @@ async fn run_shared(
         let conn = &place.conn;
         let prepare = Prepare::Spawned(conn);
         let target = conn.conn().target();
-        let query = run::run(target, prepare, sql, params, op, settings.limits, clean);
+        let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
         let result =
             run::within_deadline(settings.query_timeout, target, query, || router.late(conn)).await;
         if result.is_ok() {

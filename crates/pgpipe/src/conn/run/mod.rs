@@ -198,15 +198,14 @@ pub(crate) async fn run_given(
     }
     params::check_params(statement.param_types(), params, false)?;
     let usable = (op, Usable::Check);
-    let send = target.state.turns.send(send(
-        target,
-        sql,
-        &statement,
-        params,
-        usable,
-        settings.limits,
-    ));
-    within_deadline(settings.query_timeout, target, send, || Late::Cancel).await
+    let make = || {
+        let limits = settings.limits;
+        target
+            .state
+            .turns
+            .send(send(target, sql, &statement, params, usable, limits))
+    };
+    within_deadline(settings.query_timeout, target, make, || Late::Cancel).await
 }
 
 /// Runs one query on a connection the caller has to itself (an exclusive
@@ -221,16 +220,11 @@ pub(crate) async fn run_alone(
     settings: RunSettings,
     clean: bool,
 ) -> Result<Answer, Error> {
-    let run = run(
-        target,
-        Prepare::Inline,
-        sql,
-        params,
-        op,
-        settings.limits,
-        clean,
-    );
-    within_deadline(settings.query_timeout, target, run, || Late::Cancel).await
+    let make = || {
+        let limits = settings.limits;
+        run(target, Prepare::Inline, sql, params, op, limits, clean)
+    };
+    within_deadline(settings.query_timeout, target, make, || Late::Cancel).await
 }
 
 /// `0A000 cached plan must not change result type` (the table changed under a
