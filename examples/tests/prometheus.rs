@@ -484,6 +484,7 @@ async fn latency_saved_on_the_example_service_agrees_with_an_on_off_run() {
         return;
     };
     let _alone = ALONE.lock().await;
+    pgpipe_test_support::ahead_of_other_work();
     let proxy = pgpipe_proxy::Proxy::builder(pgpipe_test_support::server_addr())
         .delay(Duration::from_millis(1))
         .start()

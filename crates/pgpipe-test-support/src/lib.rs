@@ -25,11 +25,13 @@ use tokio_postgres::config::Host;
 mod patroni;
 mod pgbouncer;
 mod pgpool;
+mod priority;
 mod replication;
 
 pub use patroni::{HaproxyPorts, Patroni};
 pub use pgbouncer::{Pgbouncer, PgbouncerBuilder};
 pub use pgpool::Pgpool;
+pub use priority::ahead_of_other_work;
 pub use replication::{ReplicaSet, ReplicaSetBuilder, connect};
 
 /// The server tests use when `DATABASE_URL` is not set.
