@@ -26,6 +26,9 @@ pub(crate) struct Place<'a> {
     pub(crate) conn: Arc<SharedConn>,
     /// Queries in flight on the connection when this one was admitted.
     pub(crate) ahead: u64,
+    /// Queries in flight on all the lane's connections then, its own not
+    /// counted.
+    pub(crate) crowd: u64,
     /// Counted in the connection's slow queries.
     slow: bool,
     places: u64,
@@ -144,7 +147,7 @@ impl Router {
                     if slow {
                         conn.count_slow(true);
                     }
-                    return Ok(self.place(conn, ahead, slow));
+                    return Ok(self.place(conn, ahead, in_flight, slow));
                 }
                 Route::Open => self.spawn_open(),
                 Route::Wait => {}
@@ -155,10 +158,17 @@ impl Router {
 
     /// A place already claimed (and, for a `slow` query, already counted
     /// among the connection's slow queries).
-    fn place(self: &Arc<Self>, conn: Arc<SharedConn>, ahead: u64, slow: bool) -> Place<'_> {
+    fn place(
+        self: &Arc<Self>,
+        conn: Arc<SharedConn>,
+        ahead: u64,
+        crowd: u64,
+        slow: bool,
+    ) -> Place<'_> {
         Place {
             conn,
             ahead,
+            crowd,
             slow,
             places: 1,
             router: self,
@@ -197,8 +207,9 @@ impl Router {
                 let conn = handoff.take();
                 let ahead = conn.in_flight().saturating_sub(1);
                 // Its own place is already counted in its connection's load.
-                self.note_depth(self.counts().in_flight as u64);
-                Ok(self.place(conn, ahead, slow))
+                let in_flight = self.counts().in_flight as u64;
+                self.note_depth(in_flight);
+                Ok(self.place(conn, ahead, in_flight.saturating_sub(1), slow))
             }
             Ok(Err(error)) => Err(error),
             Err(_) => Err(Error::closed()),
