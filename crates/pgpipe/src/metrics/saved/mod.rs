@@ -10,7 +10,9 @@
 //!
 //! - `S`, what a query takes with a connection to itself: the mean time
 //!   of the pipelined queries **sent alone** (nothing in flight on their
-//!   connection), from their write to their answer. The typical round trip
+//!   connection, and no more in flight on the whole lane than it has
+//!   connections, as without pipelining), from their write to their
+//!   answer. The typical round trip
 //!   (not the low-end one the RTT estimate keeps), the server's time and
 //!   the client's own are all in it; one that waited for its statement's
 //!   prepare is left out. Recent ones count most (a 2-second
@@ -42,10 +44,13 @@
 //! and `K` checkouts:
 //!
 //! ```text
-//! W = max(0, (N · (Q·S + H + (Q+K)·h) / c − (Q/k · S + H + B)) / (Q/k + K))
+//! A = S + (k − 1)/2 · h
+//! W = max(0, (N · (Q·A + H + (Q+K)·h) / c − (Q/k · A + H + B)) / (Q/k + K))
 //! ```
 //!
-//! and a query would have taken `S + W`: `S` while the connections
+//! where `A` is a query alone among its step's `k`: their answers, on as
+//! many connections, arrive together and are read one after another, a
+//! hand-off each. A query would have taken `A + W`: `A` while the connections
 //! outnumber what the callers need, growing with the queue beyond. With
 //! only queries and no time between them, `S · max(1, L/c)` for `L`
 //! queries in the pool.
@@ -169,16 +174,20 @@ impl Interval {
     fn without_pipelining(&self) -> f64 {
         let steps = self.steps.clamp(1.0, self.queries.max(1.0));
         let per_step = self.queries / steps;
+        // A step's queries on as many connections: their answers come in
+        // at about the same time and are read one after another, each a
+        // hand-off `h`; on average a query waits for half the others'.
+        let alone = self.alone + (per_step - 1.0) / 2.0 * self.woke;
         let callers = (self.query_seconds / per_step
             + self.checkout_waits
             + self.held_seconds
             + self.between)
             / self.seconds;
         let acquisitions = self.queries + self.checkouts;
-        let work = self.queries * self.alone + self.held_seconds + acquisitions * self.woke;
-        let callers_work = steps * self.alone + self.held_seconds + self.between;
+        let work = self.queries * alone + self.held_seconds + acquisitions * self.woke;
+        let callers_work = steps * alone + self.held_seconds + self.between;
         let wait = (callers * work / self.max_size - callers_work) / (steps + self.checkouts);
-        self.alone + wait.max(0.0)
+        alone + wait.max(0.0)
     }
 }
 
@@ -383,6 +392,23 @@ mod tests {
         assert!(close(closed_loop(8.0, 8.0).without_pipelining(), 0.002));
         // 192 queries at once on 8 connections: 24 turns of 2 ms.
         assert!(close(closed_loop(192.0, 8.0).without_pipelining(), 0.048));
+    }
+
+    #[test]
+    fn queries_sent_at_once_wait_for_each_others_reads() {
+        // One caller with three queries at once, each 2 ms alone, and a
+        // hand-off of 0.3 ms: on three connections the second answer is
+        // read after the first, the third after both, 0.3 ms more on
+        // average.
+        let mut interval = closed_loop(3.0, 8.0);
+        interval.steps = interval.queries / 3.0;
+        interval.woke = 0.0003;
+        let without = interval.without_pipelining();
+        assert!((without - 0.0023).abs() < 1e-9, "{without}");
+        // One at a time: nothing to wait for.
+        interval.steps = interval.queries;
+        let without = interval.without_pipelining();
+        assert!((without - 0.002).abs() < 1e-9, "{without}");
     }
 
     #[test]
