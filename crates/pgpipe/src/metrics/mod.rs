@@ -173,6 +173,7 @@ impl Metrics {
     /// housekeeping tick calls this.
     pub(crate) fn fold_saved(&self, max_size: usize, rtt: Option<Duration>) {
         let durations = &self.durations[Mode::Pipelined as usize];
-        self.saved.fold(durations, max_size, rtt);
+        let checkouts = &self.durations[Mode::Checkout as usize];
+        self.saved.fold(durations, checkouts, max_size, rtt);
     }
 }
