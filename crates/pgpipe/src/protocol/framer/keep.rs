@@ -40,9 +40,7 @@ impl Keep for Tap {
 
 /// The read-group rewriter's, for the writes: the first 64 bytes of
 /// `Bind`, `Execute` and `Close` (portal, statement name, row limit); with
-/// capture on, `Parse` bodies whole; offsets. And what the tap reads of
-/// the same walk on such a connection (the tap's own, below 64 bytes):
-/// the start of a simple `Query`, and its body whole.
+/// capture on, `Parse` bodies whole; offsets.
 #[derive(Debug)]
 pub(crate) struct Writes;
 
@@ -52,27 +50,25 @@ impl Keep for Writes {
     const OFFSETS: bool = true;
     #[inline]
     fn prefix(kind: u8) -> bool {
-        matches!(kind, b'B' | b'E' | b'C' | b'Q')
+        matches!(kind, b'B' | b'E' | b'C')
     }
     #[inline]
     fn whole(kind: u8) -> bool {
-        matches!(kind, b'P' | b'Q')
+        kind == b'P'
     }
 }
 
-/// The read-group rewriter's, for the answers: types and offsets, and
-/// for the tap, which reads the answers from this walk, the first 32 bytes
-/// of a `ParameterStatus` (the setting's name), as its own framer keeps.
+/// The read-group rewriter's, for the answers: types and offsets only.
 #[derive(Debug)]
 pub(crate) struct Answers;
 
 impl Keep for Answers {
-    type Prefix = [u8; 32];
-    const EMPTY: [u8; 32] = [0; 32];
+    type Prefix = [u8; 0];
+    const EMPTY: [u8; 0] = [];
     const OFFSETS: bool = true;
     #[inline]
-    fn prefix(kind: u8) -> bool {
-        kind == b'S'
+    fn prefix(_: u8) -> bool {
+        false
     }
     #[inline]
     fn whole(_: u8) -> bool {
