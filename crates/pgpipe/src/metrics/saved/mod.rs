@@ -166,7 +166,7 @@ struct Interval {
     checkouts: f64,
     checkout_waits: f64,
     /// Connection-seconds held by exclusive checkouts, their statements'
-    /// own time counted as `S` each (see [`Interval::held_alone`]).
+    /// own time counted as `S` each (see [`held_alone`]).
     held_seconds: f64,
     /// `S`: a query with a connection to itself.
     alone: f64,
