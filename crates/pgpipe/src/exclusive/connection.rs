@@ -61,13 +61,14 @@ impl Connection {
         object: Object<Manager>,
         claim: Claim,
         run: RunSettings,
-        held: Option<Arc<Metrics>>,
+        held: Option<(Arc<Metrics>, std::time::Instant)>,
     ) -> Connection {
-        let held = held.map(|metrics| {
+        // `asked`: when its holder asked for it.
+        let held = held.map(|(metrics, asked)| {
             // From here the tap counts what its holder sends, however sent.
             object.state.held.begin();
             let since = std::time::Instant::now();
-            metrics.saved.held(since);
+            metrics.saved.held(asked, since);
             (since, metrics)
         });
         Connection {

@@ -185,6 +185,8 @@ impl Exclusive {
         holder: Holder,
         deadline: tokio::time::Instant,
     ) -> Result<Connection, Error> {
+        // A held connection's step begins here, its wait included.
+        let asked = std::time::Instant::now();
         if self.permits.is_closed() {
             return Err(Error::closed());
         }
@@ -204,7 +206,7 @@ impl Exclusive {
                         // reservation never dips in between.
                         let claim = self.claim(router, permit);
                         drop(queued);
-                        return self.connect(router, holder, deadline, claim).await;
+                        return self.connect(router, holder, deadline, claim, asked).await;
                     }
                     Ok(Err(_)) => return Err(Error::closed()),
                     Err(_) => return Err(Error::timeout("an exclusive connection")),
@@ -212,7 +214,7 @@ impl Exclusive {
             }
         };
         let claim = self.claim(router, permit);
-        self.connect(router, holder, deadline, claim).await
+        self.connect(router, holder, deadline, claim, asked).await
     }
 
     /// Takes one of the exclusive places.
@@ -227,13 +229,14 @@ impl Exclusive {
         }
     }
 
-    /// Finds the connection for a place taken.
+    /// Finds the connection for a place taken, asked for at `asked`.
     async fn connect(
         &self,
         router: &Arc<Router>,
         holder: Holder,
         deadline: tokio::time::Instant,
         claim: Claim,
+        asked: std::time::Instant,
     ) -> Result<Connection, Error> {
         if self.pipelining {
             // Make room: shared connections beyond the new limit drain and
@@ -262,7 +265,7 @@ impl Exclusive {
         }
         object.state.life.set_exclusive(true);
         let held = match holder {
-            Holder::Caller | Holder::Begin => self.metrics.clone(),
+            Holder::Caller | Holder::Begin => self.metrics.clone().map(|metrics| (metrics, asked)),
             Holder::Listener | Holder::Pool => None,
         };
         Ok(Connection::new(object, claim, self.run, held))
