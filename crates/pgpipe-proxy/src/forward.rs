@@ -278,6 +278,7 @@ async fn pipe(
                 n,
                 messages,
                 counter.seconds() - parses_before,
+                parses_before == 0,
                 counter.executes() - executes_before,
             );
             let messages = messages as i64;

@@ -142,6 +142,9 @@ pub struct DirectionStats {
     pub chunks_with_messages: u64,
     /// `Parse` messages (upstream only).
     pub parses: u64,
+    /// Connections that have sent at least one `Parse` (upstream only): a
+    /// pool's connection may prepare statements of its own with its first.
+    pub connections_with_parses: u64,
     /// `Execute` messages (upstream only): the queries of the extended
     /// protocol, counted whether each has a `Sync` of its own or several
     /// share one.
@@ -276,14 +279,20 @@ struct DirectionCounters {
     messages: AtomicU64,
     chunks_with_messages: AtomicU64,
     parses: AtomicU64,
+    connections_with_parses: AtomicU64,
     executes: AtomicU64,
     chunks_with_executes: AtomicU64,
 }
 
 impl DirectionCounters {
-    fn record(&self, bytes: usize, messages: u64, parses: u64, executes: u64) {
+    /// One chunk read; `parses` counts from the connection's first when
+    /// `first_parses` says these are its first.
+    fn record(&self, bytes: usize, messages: u64, parses: u64, first_parses: bool, executes: u64) {
         if parses > 0 {
             self.parses.fetch_add(parses, Ordering::Relaxed);
+            if first_parses {
+                self.connections_with_parses.fetch_add(1, Ordering::Relaxed);
+            }
         }
         if executes > 0 {
             self.executes.fetch_add(executes, Ordering::Relaxed);
@@ -304,6 +313,7 @@ impl DirectionCounters {
             messages: self.messages.load(Ordering::Relaxed),
             chunks_with_messages: self.chunks_with_messages.load(Ordering::Relaxed),
             parses: self.parses.load(Ordering::Relaxed),
+            connections_with_parses: self.connections_with_parses.load(Ordering::Relaxed),
             executes: self.executes.load(Ordering::Relaxed),
             chunks_with_executes: self.chunks_with_executes.load(Ordering::Relaxed),
         }
