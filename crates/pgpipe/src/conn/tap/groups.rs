@@ -2,9 +2,10 @@
 //! reads go through the [`Coalescer`] (see
 //! [`coalesce`](crate::protocol::coalesce)), which drops the inner `Sync`s
 //! of a write and gives tokio-postgres a `ReadyForQuery` per request. The
-//! tap counts the bytes tokio-postgres sees, before the rewrite on the way
-//! out and after it on the way in, so the wire counts are those of
-//! tokio-postgres' own requests.
+//! tap counts the messages tokio-postgres sees, before the rewrite on the
+//! way out and after it on the way in, so the wire counts are those of
+//! tokio-postgres' own requests; it reads them from the rewriter's walk of
+//! the stream (each direction framed once, not twice).
 
 use std::io;
 use std::pin::Pin;
@@ -13,8 +14,10 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::TappedStream;
+use super::reads::ReadTally;
+use super::writes::WriteTally;
 use crate::protocol::coalesce::{Coalescer, Confused, Grouping, SHRINK_ABOVE};
-use crate::protocol::framer::Phase;
+use crate::protocol::framer::{Message, Phase};
 
 /// What a connection that groups reads keeps between polls.
 #[derive(Debug, Default)]
@@ -88,6 +91,8 @@ impl<S> TappedStream<S> {
 
 impl<S: AsyncRead + Unpin> TappedStream<S> {
     /// [`poll_read`](AsyncRead::poll_read) while [`grouping`](Self::grouping).
+    /// The tap reads the answers from the rewriter's walk of them, as they
+    /// leave it, whether they are copied out or go straight through.
     pub(super) fn poll_read_grouped(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -98,13 +103,9 @@ impl<S: AsyncRead + Unpin> TappedStream<S> {
             let this = &mut *self;
             let groups = this.groups.as_mut().expect("grouping");
             if groups.in_pos < groups.input.len() {
-                let input = std::mem::take(&mut groups.input);
                 let from = groups.in_pos;
-                let n = (input.len() - from).min(buf.remaining());
-                buf.put_slice(&input[from..from + n]);
-                this.observe_read(&input[from..from + n]);
-                let groups = this.groups.as_mut().expect("grouping");
-                groups.input = input;
+                let n = (groups.input.len() - from).min(buf.remaining());
+                buf.put_slice(&groups.input[from..from + n]);
                 groups.in_pos = from + n;
                 return Poll::Ready(Ok(()));
             }
@@ -124,12 +125,23 @@ impl<S: AsyncRead + Unpin> TappedStream<S> {
                 if filled.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
+                this.state.counts.progressed_if_moved(this.pool.ticks());
+                let (state, pool) = (&this.state, &this.pool);
+                let mut tally = ReadTally::new(state, pool, &mut this.held, &mut this.watch);
                 let groups = this.groups.as_mut().expect("grouping");
-                if let Err(confused) = groups.rewriter.pass(filled) {
-                    crate::trace::pool_warn!(error = %confused, "closing a connection");
-                    return Poll::Ready(Err(io::Error::other(confused)));
+                let passed = groups.rewriter.pass_seen(filled, |m| tally.message(m));
+                let read = tally.finish();
+                this.was_read(read);
+                if let Err((confused, at)) = passed {
+                    // What came before the message it stumbled on is the
+                    // client's; the error comes at the next read.
+                    if at == 0 {
+                        crate::trace::pool_warn!(error = %confused, "closing a connection");
+                        return Poll::Ready(Err(io::Error::other(confused)));
+                    }
+                    buf.set_filled(before + at);
+                    this.groups.as_mut().expect("grouping").failed = Some(confused);
                 }
-                this.observe_read(&buf.filled()[before..]);
                 return Poll::Ready(Ok(()));
             }
             if groups.chunk.is_empty() {
@@ -145,6 +157,8 @@ impl<S: AsyncRead + Unpin> TappedStream<S> {
             // large message is still being gathered.
             let now = this.pool.ticks();
             this.state.counts.progressed(now);
+            let (state, pool) = (&this.state, &this.pool);
+            let mut tally = ReadTally::new(state, pool, &mut this.held, &mut this.watch);
             let Groups {
                 rewriter,
                 input,
@@ -155,9 +169,12 @@ impl<S: AsyncRead + Unpin> TappedStream<S> {
             } = &mut **this.groups.as_mut().expect("grouping");
             input.clear();
             *in_pos = 0;
-            if let Err(confused) = rewriter.inbound(&chunk[..got], input) {
+            let seen = |m: &Message<'_>| tally.message(m);
+            if let Err(confused) = rewriter.inbound_seen(&chunk[..got], input, seen) {
                 *failed = Some(confused);
             }
+            let read = tally.finish();
+            this.was_read(read);
         }
     }
 }
@@ -173,15 +190,21 @@ impl<S: AsyncWrite + Unpin> TappedStream<S> {
         // What the last write left goes first: backpressure.
         std::task::ready!(self.poll_drain(cx))?;
         let probe_start = self.probe_start();
-        self.observe_write(buf, probe_start);
         let shared = self.state.load.is_shared();
         let this = &mut *self;
+        let (state, pool) = (&this.state, &this.pool);
+        // The tap reads the write from the rewriter's walk of it.
+        let mut tally = WriteTally::new(state, pool, &mut this.held, &mut this.watch, shared);
         let groups = this.groups.as_mut().expect("grouping");
-        let pool = &this.pool;
         groups
             .rewriter
             .use_catalog(pool.catalog_generation(), || pool.catalog_full());
-        groups.rewriter.outbound(buf, shared, &mut groups.out);
+        let seen = |message: &Message<'_>| tally.message(message);
+        groups
+            .rewriter
+            .outbound_seen(buf, shared, &mut groups.out, seen);
+        let written = tally.finish();
+        self.wrote(written, probe_start);
         self.count_groups();
         // Taken whole; written now as far as the socket takes it, the rest
         // by the next write or flush.

@@ -33,6 +33,8 @@
 
 mod groups;
 mod held;
+mod reads;
+mod writes;
 
 use std::io;
 use std::pin::Pin;
@@ -44,15 +46,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::PoolWire;
 use super::state::ConnState;
-use super::state::held::POOL_OWN;
-use crate::metrics::CloseReason;
 use crate::protocol::coalesce::Grouping;
 use crate::protocol::framer::{Framer, Phase};
 use crate::protocol::gate::Gate;
-use crate::protocol::sql_guard;
 use crate::protocol::watch::{SessionWatch, Verdict};
 use groups::Groups;
 use held::HeldRequests;
+use reads::ReadTally;
+use writes::WriteTally;
 
 /// A stream that reports what crosses it to its [`ConnState`] and the
 /// pool's [`PoolWire`].
@@ -124,59 +125,11 @@ impl<S> TappedStream<S> {
             }
             _ => {}
         }
-        let state = &self.state;
-        let watch = &mut self.watch;
-        let pool = &self.pool;
-        let answered_before = state.counts.readies();
-        let (mut readies, mut copy_ins) = (0, 0);
-        let held = &mut self.held;
-        let counted = pool.metrics.as_deref().filter(|_| !held.is_empty());
-        self.inbound.feed(bytes, |message| match message.kind {
-            // COPY FROM STDIN over the extended protocol: the Sync sent
-            // behind its Execute is ignored in copy-in mode, and the one
-            // after CopyDone is answered. One request fewer than written.
-            b'G' => {
-                copy_ins += 1;
-                held.copy_in(answered_before + readies + 1);
-            }
-            b'Z' => {
-                let status = message.first.unwrap_or(b'I');
-                state.session.set_tx_status(status);
-                readies += 1;
-                held.ready(answered_before + readies);
-                if let Some(verdict) = watch.on_ready(status, answered_before + readies) {
-                    apply(state, pool, verdict);
-                }
-            }
-            b'C' | b'I' | b'E' => {
-                if let Some(metrics) = counted {
-                    held.answer(answered_before + readies + 1, message.kind, metrics);
-                }
-            }
-            b'S' => {
-                let name = message.parameter_name();
-                if let Some(verdict) = watch.on_parameter(name, answered_before + readies) {
-                    apply(state, pool, verdict);
-                }
-            }
-            _ => {}
-        });
-        if copy_ins > 0 {
-            state.counts.unanswered(copy_ins);
-        }
-        if readies > 0 {
-            let answered = state.counts.answered(readies, self.pool.now_nanos());
-            state.wake();
-            if let Some(waker) = self.gate.as_mut().and_then(|gate| gate.1.take()) {
-                waker.wake();
-            }
-            if let Some((sent, awaited)) = self.probe {
-                if answered >= awaited {
-                    self.pool.rtt.sample(sent.elapsed());
-                    self.probe = None;
-                }
-            }
-        }
+        let (state, pool) = (&self.state, &self.pool);
+        let mut tally = ReadTally::new(state, pool, &mut self.held, &mut self.watch);
+        self.inbound.feed(bytes, |message| tally.message(&message));
+        let read = tally.finish();
+        self.was_read(read);
     }
 
     /// Before a write: if the connection is idle (and no round trip is being
@@ -190,83 +143,13 @@ impl<S> TappedStream<S> {
     }
 
     fn observe_write(&mut self, bytes: &[u8], probe_start: Option<Instant>) {
-        // Requests are what the server answers with one ReadyForQuery
-        // each: a Sync ends an extended-protocol request (the pipelined
-        // queries); a simple Query (a `batch_execute`, the pool's own
-        // session reset) and the untyped start-up packet are requests too,
-        // but take no part in batching, and the start-up (several round
-        // trips of authentication) is no round-trip sample.
-        let (mut syncs, mut others) = (0, 0);
-        let written_before = self.state.counts.requests();
         let shared = self.state.load.is_shared();
-        if !shared {
-            self.watch.unshared();
-        }
-        // A holder's requests, counted as their answers come (see `held`).
-        let holder =
-            (!shared && self.pool.metrics.is_some() && self.state.held.is_on()).then(Instant::now);
-        let held = &mut self.held;
-        let watch = &mut self.watch;
-        // An exclusive connection's SQL is read as it goes out, whoever
-        // sends it (the pool's methods, or the raw client a checkout derefs
-        // to): what no reset undoes closes the connection when it comes back.
         self.outbound.capture_sql(!shared);
-        let mut lasting = false;
-        let pool = &self.pool;
-        // Loaded once per write, at its first SQL.
-        let mut catalog = None;
-        self.outbound.feed(bytes, |message| {
-            if let Some(body) = message.body {
-                let catalog = catalog.get_or_insert_with(|| pool.catalog_full());
-                lasting |= sql_guard::sends_lasting_state(message.kind, body, catalog);
-            }
-            match message.kind {
-                b'S' => syncs += 1,
-                b'Q' if shared => {
-                    others += 1;
-                    let request = written_before + syncs + others;
-                    watch.on_simple_query(message.parameter_name(), request);
-                }
-                0 | b'Q' | b'F' => others += 1,
-                b'E' => return held.execute(),
-                _ => return,
-            }
-            let request = written_before + syncs + others;
-            match message.kind {
-                // The pool's own simple queries are not the holder's.
-                b'Q' if message.prefix.starts_with(POOL_OWN.as_bytes()) => {}
-                b'Q' | b'S' => held.written(request, holder, message.kind == b'Q'),
-                _ => {}
-            }
-        });
-        if lasting {
-            self.state.life.closing(CloseReason::ResetFailed);
-        }
-        if others > 0 {
-            self.state.counts.wrote(others);
-        }
-        if syncs == 0 {
-            return;
-        }
-        let before = self.state.counts.wrote(syncs);
-        let idle = before == self.state.counts.readies();
-        if let (true, Some(start)) = (idle, probe_start) {
-            self.probe = Some((start, before + 1));
-        }
-        if idle {
-            // Nothing was owed until now: the stall clock starts here.
-            let now = self.pool.ticks();
-            self.state.counts.woke(now, self.pool.now_nanos());
-        }
-        if let Some(metrics) = &self.pool.metrics {
-            if self.state.load.is_shared() {
-                // The first query written to an idle connection pays a round
-                // trip; every other one rides along.
-                let saved = if idle { syncs - 1 } else { syncs };
-                metrics.wire.batch_size.observe(syncs as f64);
-                metrics.wire.round_trips_saved.inc_by(saved);
-            }
-        }
+        let (state, pool) = (&self.state, &self.pool);
+        let mut tally = WriteTally::new(state, pool, &mut self.held, &mut self.watch, shared);
+        self.outbound.feed(bytes, |message| tally.message(&message));
+        let written = tally.finish();
+        self.wrote(written, probe_start);
     }
 
     /// What of `buf` may be written now: all of it, except behind a pooler

@@ -3,24 +3,45 @@
 //! each grouped request expects.
 
 use super::{Coalescer, Confused, Req, SHRINK_ABOVE, SKIP_FILE, SKIP_ROUTINE, SKIPPED, pop};
-use crate::protocol::framer::Phase;
+use crate::protocol::framer::{Message, Phase};
 
 impl Coalescer {
     /// Whether what the server sends next needs no rewriting: no request
     /// lost its `Sync`, the server skips nothing, and nothing is held back.
     /// Its bytes may then go to the client as they are (see
-    /// [`pass`](Coalescer::pass)), with no copy.
+    /// [`pass_seen`](Coalescer::pass_seen)), with no copy.
     pub(crate) fn passes_through(&self) -> bool {
         !self.armed || (!self.skipping && self.carry.is_empty() && self.grouped == 0)
     }
 
+    /// [`pass_seen`](Coalescer::pass_seen), for tests.
+    #[cfg(test)]
+    pub(crate) fn pass(&mut self, bytes: &[u8]) -> Result<(), Confused> {
+        self.pass_seen(bytes, |_| {})
+            .map_err(|(confused, _)| confused)
+    }
+
+    /// [`inbound_seen`](Coalescer::inbound_seen), for tests.
+    #[cfg(test)]
+    pub(crate) fn inbound(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Confused> {
+        self.inbound_seen(bytes, out, |_| {})
+    }
+
     /// Follows server bytes that go to the client unchanged (only when
     /// [`passes_through`](Coalescer::passes_through)): the requests they
-    /// answer are done.
-    pub(crate) fn pass(&mut self, bytes: &[u8]) -> Result<(), Confused> {
+    /// answer are done. `seen` gets each message they complete, as the
+    /// client will read it (only once armed). On confusion, the error and
+    /// where in `bytes` the message that caused it starts: only what comes
+    /// before may reach the client.
+    pub(crate) fn pass_seen(
+        &mut self,
+        bytes: &[u8],
+        mut seen: impl FnMut(&Message<'_>),
+    ) -> Result<(), (Confused, usize)> {
         if !self.armed {
             return Ok(());
         }
+        let emitted = self.emitted;
         self.emitted += bytes.len() as u64;
         let mut input = bytes;
         let mut result = Ok(());
@@ -28,7 +49,8 @@ impl Coalescer {
             match message.kind {
                 b'N' | b'A' | b'S' => {}
                 _ if self.requests.is_empty() => {
-                    result = Err(Confused("an answer to no request"));
+                    let at = message.start.saturating_sub(emitted) as usize;
+                    result = Err((Confused("an answer to no request"), at));
                     break;
                 }
                 // COPY FROM STDIN: see `inbound`.
@@ -37,6 +59,7 @@ impl Coalescer {
                 }
                 _ => {}
             }
+            seen(&message);
         }
         // Past a confusion: walked, not read.
         while self.inbound.next(&mut input).is_some() {}
@@ -47,8 +70,15 @@ impl Coalescer {
     /// the end of each answer whose `Sync` was dropped, and an error for
     /// each query the server skipped. Only whole messages go out: the rest
     /// waits for its end, so that anything inserted lands between
-    /// messages, never inside one.
-    pub(crate) fn inbound(&mut self, bytes: &[u8], out: &mut Vec<u8>) -> Result<(), Confused> {
+    /// messages, never inside one. `seen` gets each message that goes out,
+    /// in order, as the client will read it (only once armed: before,
+    /// `bytes` go out unread), so that the tap need not frame them again.
+    pub(crate) fn inbound_seen(
+        &mut self,
+        bytes: &[u8],
+        out: &mut Vec<u8>,
+        mut seen: impl FnMut(&Message<'_>),
+    ) -> Result<(), Confused> {
         if !self.armed {
             out.extend_from_slice(bytes);
             return Ok(());
@@ -63,15 +93,19 @@ impl Coalescer {
         let mut result: Result<(), (Confused, usize)> = Ok(());
         while let Some(message) = self.inbound.next(&mut input) {
             last_end = Some(message.end);
-            let kind = message.kind;
+            let (kind, first) = (message.kind, message.first);
+            // This message, passed on as it came (its name is kept only
+            // for a ParameterStatus, which is passed on just below).
+            let passed = || answer(kind, first);
             // A message may have begun in bytes that went out unchanged
-            // (see `pass`): nothing is ever inserted before such a one.
+            // (see `pass_seen`): nothing is ever inserted before such a one.
             let (start, end) = (
                 message.start.saturating_sub(emitted) as usize,
                 (message.end - emitted) as usize,
             );
             // Notices, notifications and reported settings come at any time.
             if matches!(kind, b'N' | b'A' | b'S') {
+                seen(&message);
                 continue;
             }
             let Some(&req) = self.requests.front() else {
@@ -95,14 +129,18 @@ impl Coalescer {
                         Req::Grouped(_) => {
                             skipped_error(out);
                             ready(out);
+                            seen(&SKIP);
+                            seen(&READY);
                         }
                         Req::Own | Req::Closing(_) => {
                             skipped_error(out);
+                            seen(&SKIP);
                             break;
                         }
                     }
                 }
                 self.skipping = false;
+                seen(&passed());
                 continue;
             }
             match (req, kind) {
@@ -138,7 +176,7 @@ impl Coalescer {
                     result = Err((Confused("an unexpected answer to the head's Parse"), start));
                     break;
                 }
-                (Req::Grouped(_), b'2' | b'D') => {}
+                (Req::Grouped(_), b'2' | b'D') => seen(&passed()),
                 (Req::Grouped(name), b'C' | b'I' | b'E') => {
                     let refused = kind == b'E' && self.refused_read_only(start, end);
                     if kind == b'E' {
@@ -154,11 +192,14 @@ impl Coalescer {
                         // with a Sync of its own.
                         out.extend_from_slice(&self.carry[copied..start]);
                         skipped_error(out);
+                        seen(&SKIP);
                     } else {
                         out.extend_from_slice(&self.carry[copied..end]);
+                        seen(&passed());
                     }
                     copied = end;
                     ready(out);
+                    seen(&READY);
                     pop(&mut self.requests, &mut self.grouped);
                     self.skipping = kind == b'E';
                 }
@@ -171,21 +212,25 @@ impl Coalescer {
                     out.extend_from_slice(&self.carry[copied..start]);
                     copied = end;
                     skipped_error(out);
+                    seen(&SKIP);
                 }
                 (Req::Closing(_), b'Z') => {
                     pop(&mut self.requests, &mut self.grouped);
+                    seen(&passed());
                 }
-                (Req::Closing(_), _) => {}
+                (Req::Closing(_), _) => seen(&passed()),
                 (Req::Own, b'Z') => {
                     pop(&mut self.requests, &mut self.grouped);
+                    seen(&passed());
                 }
                 // COPY FROM STDIN (exclusive use only): the Sync behind its
                 // Execute is ignored in copy-in mode; the one after CopyDone
                 // is answered.
                 (Req::Own, b'G') => {
                     pop(&mut self.requests, &mut self.grouped);
+                    seen(&passed());
                 }
-                (Req::Own, _) => {}
+                (Req::Own, _) => seen(&passed()),
             }
         }
         // Past a confusion: walked, not read.
@@ -260,6 +305,38 @@ fn sqlstate(message: &[u8]) -> Option<&[u8]> {
     }
     None
 }
+
+/// An answer's message as `seen` gets it: its type and first body byte
+/// (a `ReadyForQuery`'s status); nothing else is kept of answers but a
+/// ParameterStatus's name, and those are handed on as they were framed.
+fn answer(kind: u8, first: Option<u8>) -> Message<'static> {
+    Message {
+        kind,
+        first,
+        prefix: &[],
+        body: None,
+        start: 0,
+        end: 0,
+    }
+}
+
+/// The inserted [`ready`] and [`skipped_error`], as `seen` gets them.
+const READY: Message<'static> = Message {
+    kind: b'Z',
+    first: Some(b'I'),
+    prefix: &[],
+    body: None,
+    start: 0,
+    end: 0,
+};
+const SKIP: Message<'static> = Message {
+    kind: b'E',
+    first: Some(b'S'),
+    prefix: &[],
+    body: None,
+    start: 0,
+    end: 0,
+};
 
 /// `ReadyForQuery`, idle.
 fn ready(out: &mut Vec<u8>) {

@@ -32,8 +32,9 @@
 //!
 //! Both directions are framed by [`Framer`], with each message's place in
 //! the stream: the writes keeping what [`Writes`] says (the start of
-//! `Bind`, `Execute` and `Close`, whole `Parse` bodies), the answers only
-//! their types ([`Answers`]). The writes are rewritten here; the answers
+//! `Bind`, `Execute` and `Close`, whole `Parse` bodies, and for the tap,
+//! which reads the writes from this walk, simple queries), the answers
+//! only their types ([`Answers`]). The writes are rewritten here; the answers
 //! in [`answers`].
 
 mod answers;
@@ -44,7 +45,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use super::catalog::Catalog;
-use super::framer::{Answers, Framer, Phase, Writes};
+use super::framer::{Answers, Framer, Message, Phase, Writes};
 use crate::error::{SKIP_FILE, SKIP_ROUTINE, SKIPPED};
 use head::{head, plain_read, prepare_head};
 use learn::{Groupable, key, learn};
@@ -253,7 +254,23 @@ impl Coalescer {
     /// Copies one write into `out`, dropping the `Sync`s that may be
     /// shared; `group` says whether this write may share them (a shared
     /// connection of a read lane).
+    #[cfg(test)]
     pub(crate) fn outbound(&mut self, buf: &[u8], group: bool, out: &mut Vec<u8>) {
+        self.outbound_seen(buf, group, out, |_| {});
+    }
+
+    /// [`outbound`](Self::outbound), handing `seen` each message of the
+    /// write as it is framed (only once armed: before, the write is copied
+    /// unread), so that the tap need not frame it again. Messages whose
+    /// bodies [`Writes`] keeps whole come with them, whatever the tap's
+    /// own capture.
+    pub(crate) fn outbound_seen(
+        &mut self,
+        buf: &[u8],
+        group: bool,
+        out: &mut Vec<u8>,
+        mut seen: impl FnMut(&Message<'_>),
+    ) {
         if !self.armed {
             out.extend_from_slice(buf);
             return;
@@ -274,6 +291,7 @@ impl Coalescer {
         let mut input = buf;
         let mut copied = 0;
         while let Some(message) = self.outbound.next(&mut input) {
+            seen(&message);
             if self.building == Building::Empty {
                 self.request_start = message.start;
             }

@@ -40,7 +40,9 @@ impl Keep for Tap {
 
 /// The read-group rewriter's, for the writes: the first 64 bytes of
 /// `Bind`, `Execute` and `Close` (portal, statement name, row limit); with
-/// capture on, `Parse` bodies whole; offsets.
+/// capture on, `Parse` bodies whole; offsets. And what the tap reads of
+/// the same walk on such a connection (the tap's own, below 64 bytes):
+/// the start of a simple `Query`, and its body whole.
 #[derive(Debug)]
 pub(crate) struct Writes;
 
@@ -50,25 +52,27 @@ impl Keep for Writes {
     const OFFSETS: bool = true;
     #[inline]
     fn prefix(kind: u8) -> bool {
-        matches!(kind, b'B' | b'E' | b'C')
+        matches!(kind, b'B' | b'E' | b'C' | b'Q')
     }
     #[inline]
     fn whole(kind: u8) -> bool {
-        kind == b'P'
+        matches!(kind, b'P' | b'Q')
     }
 }
 
-/// The read-group rewriter's, for the answers: types and offsets only.
+/// The read-group rewriter's, for the answers: types and offsets, and
+/// for the tap, which reads the answers from this walk, the first 32 bytes
+/// of a `ParameterStatus` (the setting's name), as its own framer keeps.
 #[derive(Debug)]
 pub(crate) struct Answers;
 
 impl Keep for Answers {
-    type Prefix = [u8; 0];
-    const EMPTY: [u8; 0] = [];
+    type Prefix = [u8; 32];
+    const EMPTY: [u8; 32] = [0; 32];
     const OFFSETS: bool = true;
     #[inline]
-    fn prefix(_: u8) -> bool {
-        false
+    fn prefix(kind: u8) -> bool {
+        kind == b'S'
     }
     #[inline]
     fn whole(_: u8) -> bool {

@@ -3,11 +3,14 @@
 //! the stream, and of the payload only what its user asks to keep (its
 //! [`Keep`]: for the tap, a setting's name and the SQL of `Query` and
 //! `Parse` while [`Framer::capture_sql`] is on; for the read-group
-//! rewriter, the start of `Bind`, `Execute` and `Close`, whole `Parse`
-//! bodies, and where each message sits in the stream).
+//! rewriter's writes, the start of `Bind`, `Execute`, `Close` and `Query`,
+//! whole `Parse` and `Query` bodies, and where each message sits in the
+//! stream).
 //!
 //! The one walker of the protocol: the tap's two directions and the
-//! rewriter's (`coalesce`) all frame with it. [`Framer::next`] hands out
+//! rewriter's (`coalesce`) all frame with it. On a connection that groups
+//! reads, the tap reads the writes from the rewriter's walk (one pass,
+//! not two). [`Framer::next`] hands out
 //! the whole messages a chunk of the stream completes, one at a time;
 //! [`Framer::feed`] calls back with each. What a framer keeps is a type
 //! (`Framer<Tap>`, `Framer<Writes>`, `Framer<Answers>`), so that each

@@ -22,6 +22,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
 use super::*;
+use crate::protocol::framer::Tap;
 use client::{Request, Schedule, deviation, requests, schedule};
 use server::{Does, STATEMENTS, Server};
 
@@ -75,6 +76,34 @@ fn is_skip(m: &[u8]) -> bool {
     m[0] == b'E' && m.windows(7).any(|w| w == b"CPP001\0")
 }
 
+/// What the tap reads of a written message (see `conn::tap::writes`): its
+/// type, a simple query's first bytes (the 32 the tap's own framer keeps),
+/// and the SQL of a `Query` or `Parse`.
+type TapView = (u8, Vec<u8>, Option<Result<Vec<u8>, usize>>);
+
+fn tap_view(m: &Message<'_>) -> TapView {
+    let name = m.parameter_name();
+    let name = if m.kind == b'Q' {
+        &name[..name.len().min(32)]
+    } else {
+        &[]
+    };
+    let sql = matches!(m.kind, b'Q' | b'P').then_some(m.body).flatten();
+    let sql = sql.map(|b| b.map(<[u8]>::to_vec).map_err(<[u8]>::len));
+    (m.kind, name.to_vec(), sql)
+}
+
+/// What the tap reads of an answer (see `conn::tap::reads`): its type,
+/// first body byte, and a ParameterStatus's name.
+fn answer_view(m: &Message<'_>) -> (u8, Option<u8>, Vec<u8>) {
+    let name = if m.kind == b'S' {
+        m.parameter_name()
+    } else {
+        &[]
+    };
+    (m.kind, m.first, name.to_vec())
+}
+
 /// What came of one run: what the client saw, the model server, and
 /// whether the rewriter lost step.
 struct Run {
@@ -119,14 +148,38 @@ fn grouped(
     }
     let (mut written, mut read, mut step, mut end) = (0, 0, 0, 0);
     let mut client = Vec::new();
-    // As the tap reads: straight through while nothing needs rewriting.
-    let deliver = |c: &mut Coalescer, chunk: &[u8], client: &mut Vec<u8>| {
-        if c.passes_through() {
-            client.extend_from_slice(chunk);
-            c.pass(chunk)
+    // The tap's own framer, reading the same writes with its capture on.
+    let mut tap = Framer::<Tap>::new(Phase::Typed);
+    tap.capture_sql(true);
+    // As the tap reads: straight through while nothing needs rewriting,
+    // up to a message that confuses the rewriter. With what the tap reads
+    // of the answers from the rewriter's walk, which must be what its own
+    // framer would read of what the client got.
+    let (mut answered, mut own, mut tap_in, mut fed) =
+        (Vec::new(), Vec::new(), Framer::<Tap>::new(Phase::Typed), 0);
+    let mut deliver = |c: &mut Coalescer, chunk: &[u8], client: &mut Vec<u8>| {
+        let seen = |m: &Message<'_>| answered.push(answer_view(m));
+        let result = if c.passes_through() {
+            match c.pass_seen(chunk, seen) {
+                Ok(()) => {
+                    client.extend_from_slice(chunk);
+                    Ok(())
+                }
+                Err((confused, at)) => {
+                    client.extend_from_slice(&chunk[..at]);
+                    Err(confused)
+                }
+            }
         } else {
-            c.inbound(chunk, client)
-        }
+            c.inbound_seen(chunk, client, seen)
+        };
+        tap_in.feed(&client[fed..], |m| own.push(answer_view(&m)));
+        fed = client.len();
+        assert_eq!(
+            answered, own,
+            "the tap reads the rewriter's answers as its own"
+        );
+        result
     };
     while written < stream.len() || read < server.output.len() {
         let write = written < stream.len()
@@ -140,7 +193,11 @@ fn grouped(
             written += chunk.len();
             c.use_catalog(1, || Arc::new(Catalog::empty()));
             let mut out = Vec::new();
-            c.outbound(chunk, shared, &mut out);
+            let mut seen = Vec::new();
+            c.outbound_seen(chunk, shared, &mut out, |m| seen.push(tap_view(m)));
+            let mut own = Vec::new();
+            tap.feed(chunk, |m| own.push(tap_view(&m)));
+            assert_eq!(seen, own, "the tap reads the rewriter's walk as its own");
             server.receive(&out);
             continue;
         }
