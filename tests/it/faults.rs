@@ -9,6 +9,20 @@ use prometheus::Registry;
 
 use crate::support::{Scrape, app, builder, settle};
 
+/// The backends of `app` running the test's statements now, as the server
+/// says (not the pool's own, such as its first catalog read).
+async fn running(admin: &tokio_postgres::Client, app: &str) -> i64 {
+    admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = $1 AND state = 'active' AND query LIKE '%pg_sleep%'",
+            &[&app],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backends_fail_their_queries_and_the_pool_heals() {
     let app = app("terminate");
@@ -32,8 +46,14 @@ async fn terminated_backends_fail_their_queries_and_the_pool_heals() {
             (i, result)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Until the server runs some of them (on a busy machine the tasks may
+    // take a while to be written at all).
     let admin = admin().await;
+    let waiting = Instant::now();
+    while running(&admin, &app).await == 0 {
+        assert!(waiting.elapsed() < Duration::from_secs(10), "no query ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let pids = backend_pids(&admin, &app).await;
     assert!(!pids.is_empty(), "the pool has backends");
     for pid in &pids {
