@@ -185,8 +185,11 @@ impl Exclusive {
         holder: Holder,
         deadline: tokio::time::Instant,
     ) -> Result<Connection, Error> {
-        // A held connection's step begins here, its wait included.
-        let asked = std::time::Instant::now();
+        // A counted holder's step begins here, its wait included (the
+        // clock is read only for those: the pool's own checkouts, one per
+        // query with pipelining off, are counted where they start).
+        let counted = self.metrics.is_some() && matches!(holder, Holder::Caller | Holder::Begin);
+        let asked = counted.then(std::time::Instant::now);
         if self.permits.is_closed() {
             return Err(Error::closed());
         }
@@ -229,14 +232,15 @@ impl Exclusive {
         }
     }
 
-    /// Finds the connection for a place taken, asked for at `asked`.
+    /// Finds the connection for a place taken, asked for at `asked` (for a
+    /// holder whose hold is counted).
     async fn connect(
         &self,
         router: &Arc<Router>,
         holder: Holder,
         deadline: tokio::time::Instant,
         claim: Claim,
-        asked: std::time::Instant,
+        asked: Option<std::time::Instant>,
     ) -> Result<Connection, Error> {
         if self.pipelining {
             // Make room: shared connections beyond the new limit drain and
@@ -264,10 +268,7 @@ impl Exclusive {
             object.state.session.mark_needs_reset();
         }
         object.state.life.set_exclusive(true);
-        let held = match holder {
-            Holder::Caller | Holder::Begin => self.metrics.clone().map(|metrics| (metrics, asked)),
-            Holder::Listener | Holder::Pool => None,
-        };
+        let held = asked.and_then(|asked| Some((self.metrics.clone()?, asked)));
         Ok(Connection::new(object, claim, self.run, held))
     }
 }

@@ -173,55 +173,43 @@ mod tests {
         assert!((without - 0.006).abs() < 1e-9, "{without}");
     }
 
-    #[test]
-    fn checkouts_hold_connections_for_their_own_time() {
-        // 2 callers each cycle through four 2 ms queries and one 8 ms
-        // transaction (16 ms a cycle, if alone), on 1 connection: two
-        // cycles' work per cycle, so every step waits one step's mean
-        // hold (16/5 ms).
-        let cycles = 1.0 / (2.0 * 0.016);
-        let interval = Interval {
+    /// Two callers on one connection, `cycles` a second between them, each
+    /// cycle four 2 ms queries that waited `wait` each, and one transaction
+    /// that waited `wait` and held its connection `held` (8 ms without
+    /// pipelining).
+    fn transactions(cycles: f64, wait: f64, held: f64) -> Interval {
+        Interval {
             seconds: 1.0,
-            queries: 2.0 * 4.0 * cycles,
-            query_seconds: 2.0 * 4.0 * cycles * (0.002 + 0.0032),
-            steps: 2.0 * 4.0 * cycles,
+            queries: 4.0 * cycles,
+            query_seconds: 4.0 * cycles * (0.002 + wait),
+            steps: 4.0 * cycles,
             between: 0.0,
-            checkouts: 2.0 * cycles,
-            checkout_waits: 2.0 * cycles * 0.0032,
-            held_seconds: 2.0 * cycles * 0.008,
-            held_alone: 2.0 * cycles * 0.008,
+            checkouts: cycles,
+            checkout_waits: cycles * wait,
+            held_seconds: cycles * held,
+            held_alone: cycles * 0.008,
             alone: 0.002,
             woke: 0.0,
             max_size: 1.0,
-        };
-        let without = interval.without_pipelining();
+        }
+    }
+
+    #[test]
+    fn checkouts_hold_connections_for_their_own_time() {
+        // Each caller's cycle takes 16 ms alone: two cycles' work per
+        // cycle, so every step waits one step's mean hold (16/5 ms), 62.5
+        // cycles a second in all.
+        let without = transactions(1.0 / 0.016, 0.0032, 0.008).without_pipelining();
         assert!((without - 0.0052).abs() < 1e-9, "{without}");
     }
 
     #[test]
     fn callers_are_counted_by_the_hold_they_had() {
-        // The same two callers and one connection, but with pipelining each
-        // transaction held its connection 12 ms (its statements waited
-        // longer for their answers), 8 ms without: 50 cycles a second each
-        // (four 2 ms queries and the 12 ms hold). Still two callers, who
-        // would each wait one step's mean hold, 16/5 ms, without
-        // pipelining.
-        let cycles = 2.0 * 50.0;
-        let interval = Interval {
-            seconds: 1.0,
-            queries: 4.0 * cycles,
-            query_seconds: 4.0 * cycles * 0.002,
-            steps: 4.0 * cycles,
-            between: 0.0,
-            checkouts: cycles,
-            checkout_waits: 0.0,
-            held_seconds: cycles * 0.012,
-            held_alone: cycles * 0.008,
-            alone: 0.002,
-            woke: 0.0,
-            max_size: 1.0,
-        };
-        let without = interval.without_pipelining();
+        // With pipelining nothing waited, but each transaction held its
+        // connection 12 ms (its statements waited longer for their
+        // answers): 50 cycles a second each. Still two callers, who would
+        // each wait one step's mean hold, 16/5 ms, without pipelining.
+        let without = transactions(2.0 * 50.0, 0.0, 0.012).without_pipelining();
         assert!((without - 0.0052).abs() < 1e-9, "{without}");
     }
 
