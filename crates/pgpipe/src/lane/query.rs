@@ -50,8 +50,14 @@ fn span(pool: &Lane, sql: &str, slow: bool) -> tracing::Span {
     )
 }
 
-/// Runs one query, in its span with the `tracing` feature; `slow` is the
-/// caller's word that it is slow.
+/// Runs one query, in its span with the `tracing` feature and counted in
+/// the metrics when there are metrics; `slow` is the caller's word that it
+/// is slow.
+///
+/// One layer, not one per concern: every poll of a query passes through
+/// each `async fn` between the caller and the wire, and each layer costs
+/// its state's save and restore, and moving the answer up (issue #25 item
+/// 3 measured ~100 instructions per query a layer).
 pub(crate) async fn run(
     pool: &Arc<Lane>,
     sql: &str,
@@ -74,7 +80,27 @@ pub(crate) async fn run(
         .config()
         .log_slow_statements
         .map(|at| (at, Instant::now()));
-    let result = observed(pool, sql, params, op, slow, trace).await;
+    let counting = pool
+        .metrics()
+        .map(|metrics| Counting::start(metrics, pool.mode()));
+    let watch = Watch {
+        waiting: counting.as_ref().map(Counting::started),
+        trace,
+    };
+    let result = match admit(pool, sql) {
+        Ok(Some(clean)) if pool.config().pipelining => {
+            run_shared(pool, sql, params, op, slow, clean, watch).await
+        }
+        // Boxed, both: a pool takes the path without pipelining always or
+        // never, and a lane waits for its catalog once; carried inline,
+        // their state would size every pipelined query's future.
+        Ok(Some(clean)) => Box::pin(run_alone_counted(pool, sql, params, op, clean, watch)).await,
+        Ok(None) => Box::pin(after_catalog(pool, sql, params, op, slow, watch)).await,
+        Err(error) => Err(error),
+    };
+    if let Some(counting) = counting {
+        counting.finish(result.as_ref().map(drop));
+    }
     #[cfg(feature = "tracing")]
     {
         if let Err(error) = &result {
@@ -90,32 +116,6 @@ pub(crate) async fn run(
     result
 }
 
-/// [`run`], counted in the metrics.
-async fn observed(
-    pool: &Arc<Lane>,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-    op: Op,
-    slow: bool,
-    trace: Trace<'_>,
-) -> Result<Answer, Error> {
-    let Some(metrics) = pool.metrics() else {
-        let watch = Watch {
-            waiting: None,
-            trace,
-        };
-        return run_unobserved(pool, sql, params, op, slow, watch).await;
-    };
-    let counting = Counting::start(metrics, pool.mode());
-    let watch = Watch {
-        waiting: Some(counting.started()),
-        trace,
-    };
-    let result = run_unobserved(pool, sql, params, op, slow, watch).await;
-    counting.finish(result.as_ref().map(drop));
-    result
-}
-
 /// What watches one query: when it started waiting (with metrics), and its
 /// trace span (with the `tracing` feature).
 #[derive(Clone, Copy)]
@@ -124,7 +124,25 @@ struct Watch<'a> {
     trace: Trace<'a>,
 }
 
-async fn run_unobserved(
+/// Admits `sql` to the lane: the guard's verdict, the pool open, the
+/// lane's housekeeping started. Whether the session is cleaned behind it,
+/// or `None` while the lane has not tried to learn its catalog (the
+/// guard's verdict may change once it has: see [`after_catalog`]).
+fn admit(pool: &Arc<Lane>, sql: &str) -> Result<Option<bool>, Error> {
+    let code = pool.wire().check(sql)?;
+    if pool.is_closed() {
+        return Err(Error::closed());
+    }
+    housekeeping::start(pool);
+    if !pool.wire().catalog_tried() {
+        return Ok(None);
+    }
+    Ok(Some(needs_cleanup(pool, code)))
+}
+
+/// A lane's first queries: they wait until it has tried to learn its
+/// catalog, then are judged again and run.
+async fn after_catalog(
     pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
@@ -132,20 +150,10 @@ async fn run_unobserved(
     slow: bool,
     watch: Watch<'_>,
 ) -> Result<Answer, Error> {
-    let mut code = pool.wire().check(sql)?;
-    if pool.is_closed() {
-        return Err(Error::closed());
-    }
-    housekeeping::start(pool);
-    if !pool.wire().catalog_tried() {
-        // Once per lane: boxed, so that its future does not size every
-        // query's (see `run_alone_counted`).
-        Box::pin(crate::lane::catalog::ready(pool)).await;
-        code = pool.wire().check(sql)?;
-    }
-    let clean = needs_cleanup(pool, code);
+    crate::lane::catalog::ready(pool).await;
+    let clean = needs_cleanup(pool, pool.wire().check(sql)?);
     if !pool.config().pipelining {
-        return Box::pin(run_alone_counted(pool, sql, params, op, clean, watch)).await;
+        return run_alone_counted(pool, sql, params, op, clean, watch).await;
     }
     run_shared(pool, sql, params, op, slow, clean, watch).await
 }
@@ -234,8 +242,12 @@ async fn run_shared(
         let prepare = Prepare::Spawned(conn);
         let target = conn.conn().target();
         let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
-        let result =
-            run::within_deadline(settings.query_timeout, target, query, || router.late(conn)).await;
+        let result = match settings.query_timeout {
+            // Without a deadline, the query's future is awaited here rather
+            // than inside `within_deadline`'s: one layer less for every poll.
+            None => query().await,
+            deadline => run::within_deadline(deadline, target, query, || router.late(conn)).await,
+        };
         if result.is_ok() {
             cost.learn(router.costs(), admitted);
             alone.answered(pool, conn);

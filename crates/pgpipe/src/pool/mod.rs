@@ -28,6 +28,20 @@ use crate::slow::Slow;
 use crate::statement::{ToQuery, pool_sql};
 use crate::status::Status;
 
+/// Runs one query on the primary, as an expression to `.await` in place:
+/// with one host straight on its lane, with several through the
+/// dispatcher. A macro, not a helper: an `async fn` between the caller and
+/// the lane would be one more layer every poll of every query passes
+/// through (issue #25: about 60 instructions per query a layer).
+macro_rules! on_primary {
+    ($pool:expr, $sql:expr, $params:expr, $op:expr) => {
+        match $pool.hosts.single() {
+            Some(host) => crate::lane::query::run(&host.write, $sql, $params, $op, false).await,
+            None => $pool.hosts.run($sql, $params, $op, false).await,
+        }
+    };
+}
+
 /// A pool of PostgreSQL connections whose queries, with
 /// [`pipelining`](PoolBuilder::pipelining) on, share connections and are
 /// pipelined.
@@ -85,11 +99,7 @@ impl Pool {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        let answer = self
-            .hosts
-            .run(pool_sql(query)?, params, Op::Query, false)
-            .await?;
-        Ok(answer.into_rows())
+        Ok(on_primary!(self, pool_sql(query)?, params, Op::Query)?.into_rows())
     }
 
     /// Runs a query that must return exactly one row.
@@ -103,7 +113,7 @@ impl Pool {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        exactly_one(self.query(query, params).await?)
+        exactly_one(on_primary!(self, pool_sql(query)?, params, Op::Query)?.into_rows())
     }
 
     /// Runs a query that returns at most one row.
@@ -117,7 +127,7 @@ impl Pool {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(self.query(query, params).await?)
+        at_most_one(on_primary!(self, pool_sql(query)?, params, Op::Query)?.into_rows())
     }
 
     /// Runs a statement and returns how many rows it affected.
@@ -130,11 +140,7 @@ impl Pool {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error> {
-        let answer = self
-            .hosts
-            .run(pool_sql(query)?, params, Op::Execute, false)
-            .await?;
-        Ok(answer.rows_affected())
+        Ok(on_primary!(self, pool_sql(query)?, params, Op::Execute)?.rows_affected())
     }
 
     /// Marks the queries run through the returned handle as slow (reports,
