@@ -86,6 +86,19 @@ impl<S> StatementCache<S> {
         })
     }
 
+    /// The statement for `sql` if it is cached and ready; nothing is
+    /// registered when it is not (then [`lookup`](StatementCache::lookup)).
+    pub(crate) fn get(&self, sql: &str) -> Option<(S, u64)>
+    where
+        S: Clone,
+    {
+        let now = self.clock.fetch_add(1, Ordering::Relaxed);
+        match read_lock(&self.entries).get(sql)?.answer(now) {
+            Lookup::Ready(statement, generation) => Some((statement, generation)),
+            _ => None,
+        }
+    }
+
     /// Looks `sql` up, registering a pending entry on a miss.
     pub(crate) fn lookup(self: &Arc<Self>, sql: &str) -> Lookup<S>
     where

@@ -39,6 +39,20 @@ impl Prepared {
     }
 }
 
+/// How `sql` runs on `target` when that is known now (its statement cached
+/// and ready, or its parameter types described), with no future to build,
+/// poll and drop: the common case. `None` leaves it to [`prepared`].
+pub(crate) fn prepared_now(target: Target<'_>, sql: &str) -> Option<Prepared> {
+    match target.descriptions {
+        Some(descriptions) => descriptions.known(sql)?.ok().map(Prepared::Unnamed),
+        None => {
+            let (statement, generation) = target.cache.get(sql)?;
+            target.state.statement_looked_up(true);
+            Some(Prepared::Named(statement, generation))
+        }
+    }
+}
+
 /// How `sql` runs on `target`: its cached named statement (prepared on a
 /// miss), or, with unnamed statements, its parameter types.
 pub(crate) async fn prepared(

@@ -34,7 +34,7 @@ use crate::protocol::sql_guard;
 use cleanup::send_then_clean;
 pub(crate) use cleanup::{both_in_order, clean_session, forget_sequences};
 pub(crate) use deadline::{Late, within_deadline};
-pub(crate) use lookup::{Prepared, named_statement, prepared};
+pub(crate) use lookup::{Prepared, named_statement, prepared, prepared_now};
 pub(crate) use send::{Usable, send};
 
 /// Where a query runs: a connection's client (or a transaction on it), the
@@ -121,7 +121,10 @@ pub(crate) async fn run(
     params::check_sql_size(sql)?;
     let mut healed = !target.heal;
     loop {
-        let statement = prepared(target, prepare, sql).await?;
+        let statement = match prepared_now(target, sql) {
+            Some(statement) => statement,
+            None => prepared(target, prepare, sql).await?,
+        };
         params::check_params(statement.param_types(), params, false)?;
         if target.state.traits.one_at_a_time() {
             // Boxed: only behind some poolers; the common future stays small.
