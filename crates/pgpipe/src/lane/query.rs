@@ -316,30 +316,32 @@ impl Alone {
 }
 
 /// What head-of-line-aware routing knows of one query: where its cost is
-/// learned, and whether it is slow. `None` with the feature off.
+/// learned, whether it is slow, and whether this run is timed (see
+/// [`Costs::times`]). `None` with the feature off.
 #[derive(Clone, Copy)]
-struct Cost(Option<(CostKey, bool)>);
+struct Cost(Option<(CostKey, bool, bool)>);
 
 impl Cost {
     fn of(pool: &Lane, sql: &str, slow: bool) -> Cost {
         Cost(pool.config().slow_query_threshold.map(|threshold| {
             let key = Costs::key(sql);
-            (key, slow || pool.router().costs().is_slow(key, threshold))
+            let costs = pool.router().costs();
+            (key, slow || costs.is_slow(key, threshold), costs.times(key))
         }))
     }
 
     fn is_slow(self) -> bool {
-        self.0.is_some_and(|(_, slow)| slow)
+        self.0.is_some_and(|(_, slow, _)| slow)
     }
 
-    /// Whether the query's cost is to be learned.
+    /// Whether this run is timed.
     fn learns(self) -> bool {
-        self.0.is_some()
+        self.0.is_some_and(|(_, _, timed)| timed)
     }
 
-    /// Records the run, from admission to answer.
+    /// Records the run, from admission to answer, if it is timed.
     fn learn(self, costs: &Costs, admitted: Option<Instant>) {
-        if let (Some((key, _)), Some(admitted)) = (self.0, admitted) {
+        if let (Some((key, _, true)), Some(admitted)) = (self.0, admitted) {
             costs.observe(key, admitted.elapsed());
         }
     }

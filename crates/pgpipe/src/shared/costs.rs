@@ -8,6 +8,8 @@
 //! - **Learned slowness.** [`Costs`] keeps, per SQL text, the fastest
 //!   pipelined run of the last 5 to 10 s, and the fastest run of any
 //!   statement (the floor: one round trip plus whatever a pipeline queues).
+//!   Of the runs it times: a statement's first run in a window, then one in
+//!   [`SAMPLE`] (see [`Costs::times`]).
 //!   A statement whose fastest run is `slow_query_threshold` above the floor
 //!   is habitually slow. The minimum, not a mean, because a fast query stuck
 //!   behind a slow one looks slow once, while a slow query never looks fast.
@@ -29,6 +31,7 @@
 //! so a collision can hide a slow statement (the overdue signal remains),
 //! never make a fast one look slow.
 
+use std::cell::Cell;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -37,6 +40,9 @@ use std::time::Duration;
 const ENTRIES: usize = 4096;
 /// No run seen in the window.
 const NONE: u32 = u32::MAX;
+/// One run in this many is timed once a statement has a time in the
+/// window (per thread).
+pub(crate) const SAMPLE: u32 = 8;
 
 /// Fastest recent runs, per SQL text (by hash slot) and overall.
 pub(crate) struct Costs {
@@ -83,6 +89,21 @@ impl Costs {
     pub(crate) fn floor(&self) -> Option<Duration> {
         let floor = min_of(&self.floor[0], &self.floor[1]);
         (floor != NONE).then(|| Duration::from_micros(u64::from(floor)))
+    }
+
+    /// Whether to time this run of the statement of `key`: always while it
+    /// has no time in the current window (so a slow statement is known from
+    /// its first run, and again after each rotation), then one run in
+    /// [`SAMPLE`]. Timing costs two clock reads a query, and the minimum
+    /// kept needs a few runs a window, not every one (issue #25).
+    pub(crate) fn times(&self, key: CostKey) -> bool {
+        thread_local!(static RUNS: Cell<u32> = const { Cell::new(0) });
+        self.current[key.0].load(Ordering::Relaxed) == NONE
+            || RUNS.with(|runs| {
+                let run = runs.get().wrapping_add(1);
+                runs.set(run);
+                run % SAMPLE == 0
+            })
     }
 
     /// Records one run, from admission onto a connection to its answer.
@@ -141,6 +162,20 @@ mod tests {
         assert!(costs.is_slow(slow, 5 * MS));
         assert!(!costs.is_slow(slow, 30 * MS));
         assert_eq!(costs.floor(), Some(MS));
+    }
+
+    #[test]
+    fn a_statement_is_timed_at_its_first_run_in_a_window_then_one_run_in_eight() {
+        let costs = Costs::default();
+        let slow = Costs::key("SELECT pg_sleep(0.02)");
+        // Whatever runs this thread counted before: every run is timed
+        // until the statement has a time.
+        assert!((0..3 * SAMPLE).all(|_| costs.times(slow)));
+        costs.observe(slow, 20 * MS);
+        let timed = (0..8 * SAMPLE).filter(|_| costs.times(slow)).count();
+        assert_eq!(timed, 8, "one run in {SAMPLE}");
+        costs.rotate();
+        assert!(costs.times(slow), "a new window times its first run");
     }
 
     #[test]
