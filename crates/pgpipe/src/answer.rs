@@ -51,6 +51,7 @@ impl Answer {
 }
 
 /// The one row of `rows`, or a [`RowCount`](crate::ErrorKind::RowCount) error.
+#[inline]
 pub(crate) fn exactly_one(mut rows: Vec<Row>) -> Result<Row, Error> {
     match rows.len() {
         1 => Ok(rows.remove(0)),
@@ -60,6 +61,7 @@ pub(crate) fn exactly_one(mut rows: Vec<Row>) -> Result<Row, Error> {
 
 /// The row of `rows` if there is one; more is a
 /// [`RowCount`](crate::ErrorKind::RowCount) error.
+#[inline]
 pub(crate) fn at_most_one(mut rows: Vec<Row>) -> Result<Option<Row>, Error> {
     match rows.len() {
         0 => Ok(None),

@@ -16,6 +16,7 @@ pub(crate) type Params<'a, 'b> = &'a [&'b (dyn ToSql + Sync)];
 const MAX_MESSAGE: usize = (1 << 30) - 1;
 
 /// Refuses SQL text the server would not accept in one message.
+#[inline]
 pub(crate) fn check_sql_size(sql: &str) -> Result<(), Error> {
     if sql.len() >= MAX_MESSAGE {
         return Err(too_large_request(sql.len()));
@@ -28,6 +29,7 @@ pub(crate) fn check_sql_size(sql: &str) -> Result<(), Error> {
 /// `every`, values of fixed-size types are encoded too, so that a type
 /// mismatch surfaces here rather than when tokio-postgres encodes the
 /// request (which then sends nothing for this query, and everything else).
+#[inline]
 pub(crate) fn check_params(
     types: &[Type],
     params: Params<'_, '_>,

@@ -88,6 +88,7 @@ impl<S> StatementCache<S> {
 
     /// The statement for `sql` if it is cached and ready; nothing is
     /// registered when it is not (then [`lookup`](StatementCache::lookup)).
+    #[inline]
     pub(crate) fn get(&self, sql: &str) -> Option<(S, u64)>
     where
         S: Clone,

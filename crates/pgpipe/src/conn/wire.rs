@@ -115,6 +115,7 @@ impl PoolWire {
 
     /// The shared path's guard on `sql` ([`sql_guard::check`]) under the
     /// catalog as last learned, remembered per text.
+    #[inline]
     pub(crate) fn check(&self, sql: &str) -> Result<Code, Error> {
         // The generation first: a catalog stored after it is read is at
         // worst judged under an older generation, and judged again.

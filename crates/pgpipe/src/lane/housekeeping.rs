@@ -16,6 +16,7 @@ const WINDOW_TICKS: u64 = 50;
 /// Starts the housekeeping task on first use (the builder may run outside a
 /// runtime, so it cannot start it). It holds only a weak reference and ends
 /// when the pool is dropped or closed.
+#[inline]
 pub(crate) fn start(pool: &Arc<Lane>) {
     if pool.claim_housekeeping() {
         pool.router().top_up();

@@ -300,6 +300,7 @@ impl Lane {
 
     /// As [`waited`](Lane::waited), the wait ending at `now` (read from the
     /// clock if `None`).
+    #[inline]
     pub(crate) fn waited_until(&self, since: Option<Instant>, now: Option<Instant>) {
         if let (Some(metrics), Some(since)) = (&self.metrics, since) {
             let now = now.unwrap_or_else(Instant::now);

@@ -128,6 +128,7 @@ struct Watch<'a> {
 /// lane's housekeeping started. Whether the session is cleaned behind it,
 /// or `None` while the lane has not tried to learn its catalog (the
 /// guard's verdict may change once it has: see [`after_catalog`]).
+#[inline]
 fn admit(pool: &Arc<Lane>, sql: &str) -> Result<Option<bool>, Error> {
     let code = pool.wire().check(sql)?;
     if pool.is_closed() {
@@ -293,6 +294,7 @@ async fn run_shared(
 struct Alone(Option<(Instant, u64)>);
 
 impl Alone {
+    #[inline]
     fn sent(pool: &Lane, place: &Place<'_>, counted: bool) -> Alone {
         let misses = || pool.metrics().map_or(0, |m| m.statement_misses());
         let quiet = place.crowd < pool.config().max_size as u64;
@@ -301,6 +303,7 @@ impl Alone {
 
     /// Also how long after its answer was read this task ran again: what
     /// a task woken by another waits for a thread now.
+    #[inline]
     fn answered(&self, pool: &Lane, conn: &SharedConn) {
         if let (Some((sent, misses)), Some(metrics)) = (self.0, pool.metrics()) {
             if metrics.statement_misses() != misses {
@@ -322,6 +325,7 @@ impl Alone {
 struct Cost(Option<(CostKey, bool, bool)>);
 
 impl Cost {
+    #[inline]
     fn of(pool: &Lane, sql: &str, slow: bool) -> Cost {
         Cost(pool.config().slow_query_threshold.map(|threshold| {
             let key = Costs::key(sql);
@@ -340,6 +344,7 @@ impl Cost {
     }
 
     /// Records the run, from admission to answer, if it is timed.
+    #[inline]
     fn learn(self, costs: &Costs, admitted: Option<Instant>) {
         if let (Some((key, _, true)), Some(admitted)) = (self.0, admitted) {
             costs.observe(key, admitted.elapsed());

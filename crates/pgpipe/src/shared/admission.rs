@@ -218,6 +218,7 @@ impl Router {
 
     /// Frees a query's place on `conn`, or hands it straight to the oldest
     /// waiting query.
+    #[inline]
     pub(crate) fn release(self: &Arc<Self>, conn: &Arc<SharedConn>) {
         // A place is handed on only while the connection is within its
         // depth (a batch may have taken it past), so the count never ratchets.
@@ -346,6 +347,7 @@ struct Overdue<'a> {
 impl Overdue<'_> {
     /// A snapshot of `conn` for [`route`](super::route); the head-of-line
     /// fields only when `hol` is on.
+    #[inline]
     fn candidate(&mut self, conn: &SharedConn, hol: bool) -> Candidate {
         let load = conn.load();
         let mut candidate = Candidate {

@@ -34,6 +34,7 @@ impl SharedConn {
         }
     }
 
+    #[inline]
     pub(crate) fn conn(&self) -> &PgConn {
         &self.object
     }

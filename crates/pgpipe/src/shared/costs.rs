@@ -67,6 +67,7 @@ impl Default for Costs {
 }
 
 impl Costs {
+    #[inline]
     pub(crate) fn key(sql: &str) -> CostKey {
         let mut hasher = rustc_hash::FxHasher::default();
         sql.hash(&mut hasher);
@@ -75,6 +76,7 @@ impl Costs {
 
     /// Whether the statement's fastest recent run is `threshold` above the
     /// fastest run of any statement.
+    #[inline]
     pub(crate) fn is_slow(&self, key: CostKey, threshold: Duration) -> bool {
         let fastest = min_of(&self.current[key.0], &self.previous[key.0]);
         if fastest == NONE {
@@ -96,6 +98,7 @@ impl Costs {
     /// its first run, and again after each rotation), then one run in
     /// [`SAMPLE`]. Timing costs two clock reads a query, and the minimum
     /// kept needs a few runs a window, not every one (issue #25).
+    #[inline]
     pub(crate) fn times(&self, key: CostKey) -> bool {
         thread_local!(static RUNS: Cell<u32> = const { Cell::new(0) });
         self.current[key.0].load(Ordering::Relaxed) == NONE
@@ -108,6 +111,7 @@ impl Costs {
 
     /// Records one run, from admission onto a connection to its answer.
     /// Writes only when the run is a new minimum: the hot path reads.
+    #[inline]
     pub(crate) fn observe(&self, key: CostKey, took: Duration) {
         let micros = took.as_micros().min(u128::from(NONE - 1)) as u32;
         lower(&self.current[key.0], micros);

@@ -209,6 +209,7 @@ impl Router {
     /// Records how many pipelined queries were in flight, this one
     /// included, when a query was admitted (a histogram PromQL can window;
     /// no state a scrape resets).
+    #[inline]
     fn note_depth(&self, in_flight: u64) {
         if let Some(metrics) = &self.metrics {
             metrics.in_flight.observe(in_flight);

@@ -105,6 +105,7 @@ pub(crate) struct Survey {
 }
 
 /// Ranks every candidate for one query.
+#[inline]
 pub(crate) fn survey(
     candidates: impl IntoIterator<Item = Candidate>,
     slow: bool,

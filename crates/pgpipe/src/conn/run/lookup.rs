@@ -42,6 +42,7 @@ impl Prepared {
 /// How `sql` runs on `target` when that is known now (its statement cached
 /// and ready, or its parameter types described), with no future to build,
 /// poll and drop: the common case. `None` leaves it to [`prepared`].
+#[inline]
 pub(crate) fn prepared_now(target: Target<'_>, sql: &str) -> Option<Prepared> {
     match target.descriptions {
         Some(descriptions) => descriptions.known(sql)?.ok().map(Prepared::Unnamed),

@@ -55,6 +55,7 @@ pub(crate) struct Target<'a> {
 }
 
 impl Target<'_> {
+    #[inline]
     pub(crate) fn is_dead(&self) -> bool {
         self.client.is_closed() || self.state.load.is_dead()
     }

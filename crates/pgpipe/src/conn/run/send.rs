@@ -138,6 +138,7 @@ async fn collect(
 
 /// Why an answer of `rows` rows so far and `bytes` bytes with the next row
 /// is over `limits`, if it is.
+#[inline]
 fn past_limits(limits: Limits, bytes: usize, rows: usize) -> Option<String> {
     if let Some(max) = limits.max_bytes.filter(|max| bytes > *max) {
         return Some(format!(

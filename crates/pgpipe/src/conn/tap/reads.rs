@@ -57,7 +57,7 @@ impl<'a> ReadTally<'a> {
     }
 
     /// One message from the server.
-    #[inline]
+    #[inline(always)]
     pub(super) fn message(&mut self, message: &Message<'_>) {
         let answered = self.answered_before + self.readies;
         match message.kind {

@@ -77,7 +77,7 @@ impl<'a> WriteTally<'a> {
     /// request (the pipelined queries); a simple Query (a
     /// `batch_execute`, the pool's own session reset) and the untyped
     /// start-up packet are requests too, but take no part in batching.
-    #[inline]
+    #[inline(always)]
     pub(super) fn message(&mut self, message: &Message<'_>) {
         // An exclusive connection's SQL is read as it goes out, whoever
         // sends it (the pool's methods, or the raw client a checkout derefs

@@ -10,6 +10,7 @@ use crate::protocol::catalog::Catalog;
 /// A statement name's key: what a request in flight keeps of the statement
 /// it binds, to forget it as groupable when the server answers it with an
 /// error inside a group.
+#[inline]
 pub(super) fn key(name: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = rustc_hash::FxHasher::default();
@@ -26,10 +27,12 @@ pub(super) struct Groupable(FxHashMap<u64, Box<[u8]>>);
 
 impl Groupable {
     /// Whether `name` (of key `key`) may share a group.
+    #[inline]
     pub(super) fn has(&self, key: u64, name: &[u8]) -> bool {
         self.0.get(&key).is_some_and(|stored| **stored == *name)
     }
 
+    #[inline]
     pub(super) fn contains(&self, name: &[u8]) -> bool {
         self.has(key(name), name)
     }

@@ -78,6 +78,7 @@ pub(crate) fn check(sql: &str, catalog: &Catalog) -> Result<Code, Error> {
 
 /// [`check`], remembered in `verdicts` for the catalog of `generation`
 /// (`catalog` is asked for it only when the verdict is not remembered).
+#[inline]
 pub(crate) fn check_remembered(
     sql: &str,
     catalog: impl FnOnce() -> std::sync::Arc<Catalog>,

@@ -46,6 +46,7 @@ struct Inner {
 impl Verdicts {
     /// The verdict on `sql` under the catalog of `generation`, from
     /// `judge` when none is remembered.
+    #[inline]
     pub(super) fn get_or(
         &self,
         sql: &str,
