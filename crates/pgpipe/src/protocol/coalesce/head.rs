@@ -3,7 +3,7 @@
 //! the look-ahead that keeps anything but a plain read out of such a group.
 
 use super::cstring;
-use super::learn::Groupable;
+use super::learn::{Groupable, key};
 
 /// The head of a group on a session that is not read-only of itself:
 /// `transaction_read_only` for the group's implicit transaction, which
@@ -46,8 +46,9 @@ pub(super) fn head(out: &mut Vec<u8>) {
 
 /// Whether `next` starts with one whole request that may share a group
 /// behind a read-only head: `Bind` of the unnamed portal to a statement
-/// learned groupable, `Execute` of it with no row limit, `Sync`.
-pub(super) fn plain_read(next: &[u8], groupable: &Groupable) -> bool {
+/// learned groupable, `Execute` of it with no row limit, `Sync`. If so, the
+/// [`key`] of its statement.
+pub(super) fn plain_read(next: &[u8], groupable: &Groupable) -> Option<u64> {
     /// The message of `kind` at the start of `bytes`: its body, and the rest.
     fn take(bytes: &[u8], kind: u8) -> Option<(&[u8], &[u8])> {
         let (&k, rest) = bytes.split_first()?;
@@ -57,15 +58,14 @@ pub(super) fn plain_read(next: &[u8], groupable: &Groupable) -> bool {
         }
         Some((rest.get(4..len)?, &rest[len..]))
     }
-    let Some((bind, rest)) = take(next, b'B') else {
-        return false;
-    };
-    let Some((execute, rest)) = take(rest, b'E') else {
-        return false;
-    };
+    let (bind, rest) = take(next, b'B')?;
+    let (execute, rest) = take(rest, b'E')?;
     let bound = match cstring(bind) {
-        Some((b"", rest)) => cstring(rest).is_some_and(|(name, _)| groupable.contains(name)),
-        _ => false,
+        Some((b"", rest)) => cstring(rest).and_then(|(name, _)| {
+            let key = key(name);
+            groupable.has(key, name).then_some(key)
+        }),
+        _ => None,
     };
-    bound && execute == [0, 0, 0, 0, 0] && take(rest, b'S').is_some()
+    bound.filter(|_| execute == [0, 0, 0, 0, 0] && take(rest, b'S').is_some())
 }

@@ -32,7 +32,7 @@ impl Groupable {
         self.0.get(&key).is_some_and(|stored| **stored == *name)
     }
 
-    #[inline]
+    #[cfg(test)]
     pub(super) fn contains(&self, name: &[u8]) -> bool {
         self.has(key(name), name)
     }
