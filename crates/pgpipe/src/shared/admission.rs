@@ -321,15 +321,8 @@ impl Router {
 
     /// What makes a connection overdue, for one routing decision.
     fn overdue(&self) -> Overdue<'_> {
-        // A healthy pipelined connection answers at least once a round trip
-        // (which the floor includes); one that does not for the threshold
-        // on top is stuck behind something slow.
-        let after = self.config.slow_query_threshold.map(|threshold| {
-            let floor = self.costs.floor().unwrap_or(threshold);
-            u64::try_from(threshold.saturating_add(floor).as_nanos()).unwrap_or(u64::MAX)
-        });
         Overdue {
-            after,
+            after: None,
             now: None,
             router: self,
         }
@@ -337,11 +330,28 @@ impl Router {
 }
 
 /// Whether a connection owes answers and has read none for `after`
-/// nanoseconds (the clock is read once per decision, and only if needed).
+/// nanoseconds. The clock is read once per decision, and `after` worked
+/// out once, both only if a connection owes answers.
 struct Overdue<'a> {
-    after: Option<u64>,
+    after: Option<Option<u64>>,
     now: Option<u64>,
     router: &'a Router,
+}
+
+impl Overdue<'_> {
+    /// How long a connection that owes answers may read none; `None` with
+    /// head-of-line awareness off. A healthy pipelined connection answers
+    /// at least once a round trip (which the floor includes); one that does
+    /// not for the threshold on top is stuck behind something slow.
+    fn after(&mut self) -> Option<u64> {
+        let router = self.router;
+        *self.after.get_or_insert_with(|| {
+            router.config.slow_query_threshold.map(|threshold| {
+                let floor = router.costs.floor().unwrap_or(threshold);
+                u64::try_from(threshold.saturating_add(floor).as_nanos()).unwrap_or(u64::MAX)
+            })
+        })
+    }
 }
 
 impl Overdue<'_> {
@@ -364,13 +374,11 @@ impl Overdue<'_> {
             candidate.in_flight = candidate.in_flight.max(wire_depth);
             candidate.slow = conn.slow_in_flight();
             candidate.last_ready = state.counts.last_ready_nanos();
-            let stuck = |after: u64| {
-                wire_depth > 0 && {
+            candidate.overdue = wire_depth > 0
+                && self.after().is_some_and(|after| {
                     let now = *self.now.get_or_insert_with(|| self.router.wire.now_nanos());
                     now.saturating_sub(candidate.last_ready) > after
-                }
-            };
-            candidate.overdue = self.after.is_some_and(stuck);
+                });
         }
         candidate
     }
