@@ -222,8 +222,8 @@ impl Router {
     pub(crate) fn release(self: &Arc<Self>, conn: &Arc<SharedConn>) {
         // A place is handed on only while the connection is within its
         // depth (a batch may have taken it past), so the count never ratchets.
-        let within_depth = conn.in_flight() <= self.max_depth();
-        if self.queue.len() > 0 && within_depth && !conn.load().is_closed() {
+        if self.queue.len() > 0 && conn.in_flight() <= self.max_depth() && !conn.load().is_closed()
+        {
             let handoff = Handoff::new(Arc::clone(conn), Arc::clone(self));
             match self.queue.admit_oldest(handoff) {
                 Ok(()) => return,
