@@ -2,6 +2,7 @@
 //! what the server refuses behind it.
 
 use super::*;
+use crate::protocol::coalesce::learn::key;
 
 /// As [`armed`], with a read-only head per group (prepared already), s0 …
 /// s8 known to be groupable reads (s9 is not).

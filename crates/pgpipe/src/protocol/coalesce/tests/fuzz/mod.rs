@@ -22,7 +22,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError};
 
 use super::*;
-use crate::protocol::framer::Tap;
+use crate::protocol::framer::{Message, Tap};
 use client::{Request, Schedule, deviation, requests, schedule};
 use server::{Does, STATEMENTS, Server};
 
