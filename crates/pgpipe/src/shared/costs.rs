@@ -40,8 +40,8 @@ use std::time::Duration;
 const ENTRIES: usize = 4096;
 /// No run seen in the window.
 const NONE: u32 = u32::MAX;
-/// One run in this many is timed once a statement has a time in the
-/// window (per thread).
+/// One run in this many, on average, is timed once a statement has a time
+/// in the window.
 pub(crate) const SAMPLE: u32 = 8;
 
 /// Fastest recent runs, per SQL text (by hash slot) and overall.
@@ -96,16 +96,23 @@ impl Costs {
     /// Whether to time this run of the statement of `key`: always while it
     /// has no time in the current window (so a slow statement is known from
     /// its first run, and again after each rotation), then one run in
-    /// [`SAMPLE`]. Timing costs two clock reads a query, and the minimum
-    /// kept needs a few runs a window, not every one (issue #25).
+    /// [`SAMPLE`] on average. Timing costs two clock reads a query, and the
+    /// minimum kept needs a few runs a window, not every one (issue #25).
+    ///
+    /// Drawn at random (a per-thread xorshift), not every eighth run: a
+    /// task that runs eight statements in turn would otherwise time one of
+    /// them always and the others never.
     #[inline]
     pub(crate) fn times(&self, key: CostKey) -> bool {
-        thread_local!(static RUNS: Cell<u32> = const { Cell::new(0) });
+        thread_local!(static DRAW: Cell<u32> = const { Cell::new(0x9E37_79B9) });
         self.current[key.0].load(Ordering::Relaxed) == NONE
-            || RUNS.with(|runs| {
-                let run = runs.get().wrapping_add(1);
-                runs.set(run);
-                run % SAMPLE == 0
+            || DRAW.with(|draw| {
+                let mut x = draw.get();
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                draw.set(x);
+                x % SAMPLE == 0
             })
     }
 
@@ -172,14 +179,34 @@ mod tests {
     fn a_statement_is_timed_at_its_first_run_in_a_window_then_one_run_in_eight() {
         let costs = Costs::default();
         let slow = Costs::key("SELECT pg_sleep(0.02)");
-        // Whatever runs this thread counted before: every run is timed
-        // until the statement has a time.
+        // Whatever this thread drew before: every run is timed until the
+        // statement has a time.
         assert!((0..3 * SAMPLE).all(|_| costs.times(slow)));
         costs.observe(slow, 20 * MS);
-        let timed = (0..8 * SAMPLE).filter(|_| costs.times(slow)).count();
-        assert_eq!(timed, 8, "one run in {SAMPLE}");
+        let timed = (0..8000).filter(|_| costs.times(slow)).count();
+        assert!((800..1200).contains(&timed), "one run in {SAMPLE}: {timed}");
         costs.rotate();
         assert!(costs.times(slow), "a new window times its first run");
+    }
+
+    #[test]
+    fn statements_run_in_turn_are_each_timed() {
+        // Eight statements in turn on one thread: a counter would time the
+        // same one of them every time.
+        let costs = Costs::default();
+        let keys: Vec<CostKey> = (0..SAMPLE)
+            .map(|i| Costs::key(&format!("SELECT {i}")))
+            .collect();
+        for &key in &keys {
+            costs.observe(key, MS);
+        }
+        let mut timed = vec![0; keys.len()];
+        for _ in 0..1000 {
+            for (i, &key) in keys.iter().enumerate() {
+                timed[i] += usize::from(costs.times(key));
+            }
+        }
+        assert!(timed.iter().all(|&n| (60..200).contains(&n)), "{timed:?}");
     }
 
     #[test]
