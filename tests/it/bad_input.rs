@@ -117,6 +117,76 @@ async fn results_over_the_cap_fail_alone() {
     assert_eq!(same, pid, "the connection survived");
 }
 
+/// `query_one` and `query_opt` keep only the first row (issue #25: no
+/// vector for it), yet read the whole answer: the count in a `RowCount`
+/// error is every row's, an error behind the first row is the query's
+/// error, and the result caps hold as for `query`. On every path that takes
+/// them: the pool with pipelining and without, reads, slow queries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_row_queries_read_the_whole_answer_within_the_caps() {
+    for pipelining in [true, false] {
+        let pool = builder(&app("one_row"))
+            .max_size(1)
+            .max_exclusive(1)
+            .pipelining(pipelining)
+            .max_result_rows(4)
+            .build()
+            .unwrap();
+        let (read, slow) = (pool.read(), pool.slow());
+        for path in ["pool", "read", "slow"] {
+            let one = |sql: &'static str| {
+                let (pool, read, slow) = (&pool, &read, &slow);
+                async move {
+                    match path {
+                        "pool" => pool.query_one(sql, &[]).await,
+                        "read" => read.query_one(sql, &[]).await,
+                        _ => slow.query_one(sql, &[]).await,
+                    }
+                }
+            };
+            let opt = |sql: &'static str| {
+                let (pool, read, slow) = (&pool, &read, &slow);
+                async move {
+                    match path {
+                        "pool" => pool.query_opt(sql, &[]).await,
+                        "read" => read.query_opt(sql, &[]).await,
+                        _ => slow.query_opt(sql, &[]).await,
+                    }
+                }
+            };
+            let at = format!("{path}, pipelining {pipelining}");
+            let row = one("SELECT 42::int8").await.unwrap();
+            assert_eq!(row.get::<_, i64>(0), 42, "{at}");
+            let row = opt("SELECT 7::int8").await.unwrap().expect("a row");
+            assert_eq!(row.get::<_, i64>(0), 7, "{at}");
+            assert!(opt("SELECT 1 WHERE false").await.unwrap().is_none(), "{at}");
+
+            let e = one("SELECT 1 WHERE false").await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::RowCount, "{at}: {e}");
+            assert!(e.to_string().contains("returned 0 rows"), "{at}: {e}");
+            for e in [
+                one("SELECT generate_series(1, 3)").await.unwrap_err(),
+                opt("SELECT generate_series(1, 3)").await.unwrap_err(),
+            ] {
+                assert_eq!(e.kind(), ErrorKind::RowCount, "{at}: {e}");
+                assert!(e.to_string().contains("returned 3 rows"), "{at}: {e}");
+            }
+            // An error after the first row is the query's.
+            let e = one("SELECT 1 / (2 - g) FROM generate_series(1, 3) g")
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), Some(&SqlState::DIVISION_BY_ZERO), "{at}: {e}");
+            // The caps count the rows not kept.
+            let e = one("SELECT generate_series(1, 10)").await.unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::TooLarge, "{at}: {e}");
+            assert!(e.to_string().contains("max_result_rows (4)"), "{at}: {e}");
+            // In step after all of it.
+            let row = one("SELECT 43::int8").await.unwrap();
+            assert_eq!(row.get::<_, i64>(0), 43, "{at}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_credentials_fail_fast_and_clearly() {
     let addr = pgpipe_test_support::server_addr();

@@ -72,7 +72,17 @@ impl<'a> Routed<'a> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        exactly_one(self.query(query, params).await?)
+        exactly_one(
+            self.hosts
+                .run_as(
+                    pool_sql(query)?,
+                    params,
+                    Op::First,
+                    false,
+                    Some(self.consistency),
+                )
+                .await?,
+        )
     }
 
     /// As [`Pool::query_opt`](crate::Pool::query_opt), as a read.
@@ -85,7 +95,17 @@ impl<'a> Routed<'a> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(self.query(query, params).await?)
+        at_most_one(
+            self.hosts
+                .run_as(
+                    pool_sql(query)?,
+                    params,
+                    Op::First,
+                    false,
+                    Some(self.consistency),
+                )
+                .await?,
+        )
     }
 
     /// As [`Pool::execute`](crate::Pool::execute), as a read: a statement that writes fails with

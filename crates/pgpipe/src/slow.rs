@@ -56,7 +56,11 @@ impl Slow<'_> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        exactly_one(self.query(query, params).await?)
+        exactly_one(
+            self.hosts
+                .run_as(pool_sql(query)?, params, Op::First, true, self.read)
+                .await?,
+        )
     }
 
     /// As [`Pool::query_opt`](crate::Pool::query_opt), marked slow.
@@ -69,7 +73,11 @@ impl Slow<'_> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(self.query(query, params).await?)
+        at_most_one(
+            self.hosts
+                .run_as(pool_sql(query)?, params, Op::First, true, self.read)
+                .await?,
+        )
     }
 
     /// As [`Pool::execute`](crate::Pool::execute), marked slow.

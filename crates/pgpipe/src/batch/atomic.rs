@@ -212,7 +212,7 @@ impl Batch<'_> {
                     polled
                 })
                 .await
-                .map(Some)
+                .map(|reply| Some(reply.into_answer()))
             }
         }
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::{Batch, BatchResults};
-use crate::answer::Answer;
+use crate::answer::{Answer, Reply};
 use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
@@ -209,7 +209,7 @@ impl Batch<'_> {
                     statement.invalidate(target, self.items[indices[*k]].sql);
                 }
             }
-            out[*k] = Some(result);
+            out[*k] = Some(result.map(Reply::into_answer));
         });
         let turns = &target.state.turns;
         if clean {

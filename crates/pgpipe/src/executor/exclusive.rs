@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::Executor;
-use crate::answer::{Answer, Op};
+use crate::answer::{Op, Reply};
 use crate::conn::run::{self, Prepared};
 use crate::error::{Error, ErrorKind};
 use crate::exclusive::{Connection, Holder, OnConnection, OwnedTransaction, Transaction};
@@ -23,7 +23,7 @@ async fn run_on(
     query: QueryRef<'_>,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     let (target, settings) = on.place();
     match query {
         QueryRef::Sql(sql) => run::run_for_holder(target, sql, params, op, settings).await,
@@ -47,7 +47,7 @@ async fn run_typed(
     let given = Prepared::Unnamed(types);
     run::run_given(target, sql, given, &values, Op::Query, settings)
         .await
-        .map(Answer::into_rows)
+        .map(Reply::into_rows)
 }
 
 /// Prepares `sql` in the connection's statement cache.
@@ -71,7 +71,7 @@ macro_rules! executor_on_connection {
             {
                 run_on(self, query_ref(query), params, Op::Query)
                     .await
-                    .map(Answer::into_rows)
+                    .map(Reply::into_rows)
             }
 
             async fn execute<Q>(&self, query: &Q, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error>

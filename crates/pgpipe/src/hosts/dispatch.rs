@@ -26,7 +26,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::Hosts;
-use crate::answer::{Answer, Op};
+use crate::answer::{Answer, Op, Reply};
 use crate::error::{Error, ErrorKind};
 use crate::lane::Lane;
 use crate::lane::query as one;
@@ -246,7 +246,7 @@ impl Hosts {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
         slow: bool,
-    ) -> Result<Answer, Error> {
+    ) -> Result<Reply, Error> {
         if let Some(host) = self.single() {
             return one::run(&host.write, sql, params, op, slow).await;
         }
@@ -262,7 +262,7 @@ impl Hosts {
         op: Op,
         slow: bool,
         read: Option<Consistency>,
-    ) -> Result<Answer, Error> {
+    ) -> Result<Reply, Error> {
         match read {
             None => self.run(sql, params, op, slow).await,
             Some(consistency) => {

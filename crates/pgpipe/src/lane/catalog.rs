@@ -63,7 +63,7 @@ async fn first_load(lane: &Arc<Lane>) {
 async fn load(lane: &Arc<Lane>) {
     match query::run_internal(lane, CATALOG_SQL).await {
         Ok(answer) => {
-            let rows = answer.rows();
+            let rows = answer.into_rows();
             let catalog = Catalog::from_rows(
                 rows.iter()
                     .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?))),

@@ -19,7 +19,7 @@ use tokio_postgres::types::ToSql;
 use super::Lane;
 use super::housekeeping;
 use super::retry::Retries;
-use crate::answer::{Answer, Op};
+use crate::answer::{Op, Reply};
 use crate::config::SessionCleanup;
 use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
@@ -64,7 +64,7 @@ pub(crate) async fn run(
     params: &[&(dyn ToSql + Sync)],
     op: Op,
     slow: bool,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     // The span is not entered around the future (`Instrument` would move
     // the whole query future into its wrapper: two copies of a few KiB per
     // query); it lives while the query runs, and its fields are recorded on
@@ -150,7 +150,7 @@ async fn after_catalog(
     op: Op,
     slow: bool,
     watch: Watch<'_>,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     crate::lane::catalog::ready(pool).await;
     let clean = needs_cleanup(pool, pool.wire().check(sql)?);
     if !pool.config().pipelining {
@@ -170,7 +170,7 @@ async fn run_alone_counted(
     op: Op,
     clean: bool,
     watch: Watch<'_>,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     let conn = pool.checkout(Holder::Pool).await;
     pool.waited(watch.waiting);
     let conn = conn?;
@@ -181,7 +181,7 @@ async fn run_alone_counted(
 /// Runs SQL of the pool's own that reads only the catalog with built-in
 /// functions: no guard, no cleanup, no wait for the catalog (it is the
 /// query that learns it).
-pub(crate) async fn run_internal(pool: &Arc<Lane>, sql: &str) -> Result<Answer, Error> {
+pub(crate) async fn run_internal(pool: &Arc<Lane>, sql: &str) -> Result<Reply, Error> {
     if !pool.config().pipelining {
         let conn = pool.checkout(Holder::Pool).await?;
         let target = conn.pg_conn().target();
@@ -221,7 +221,7 @@ async fn run_shared(
     slow: bool,
     clean: bool,
     watch: Watch<'_>,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     let Watch { waiting, trace } = watch;
     let router = pool.router();
     let settings = pool.run_settings();

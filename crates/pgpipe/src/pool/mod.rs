@@ -113,7 +113,7 @@ impl Pool {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        exactly_one(on_primary!(self, pool_sql(query)?, params, Op::Query)?.into_rows())
+        exactly_one(on_primary!(self, pool_sql(query)?, params, Op::First)?)
     }
 
     /// Runs a query that returns at most one row.
@@ -127,7 +127,7 @@ impl Pool {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(on_primary!(self, pool_sql(query)?, params, Op::Query)?.into_rows())
+        at_most_one(on_primary!(self, pool_sql(query)?, params, Op::First)?)
     }
 
     /// Runs a statement and returns how many rows it affected.

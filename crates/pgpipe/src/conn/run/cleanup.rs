@@ -10,7 +10,7 @@ use std::task::Poll;
 use tokio_postgres::SimpleQueryMessage;
 
 use super::{Limits, Prepared, Target, Usable, send};
-use crate::answer::{Answer, Op};
+use crate::answer::{Op, Reply};
 use crate::conn::SESSION_CLEANUP;
 use crate::conn::params::Params;
 use crate::error::Error;
@@ -34,7 +34,7 @@ pub(super) async fn send_then_clean(
     params: Params<'_, '_>,
     op: Op,
     limits: Limits,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     let query = send(target, sql, statement, params, (op, Usable::Check), limits);
     let cleaned = both_in_order(query, clean_session(target));
     let ((), (answer, ())) = both_in_order(forget_sequences(target), cleaned).await;

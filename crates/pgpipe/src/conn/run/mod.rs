@@ -28,7 +28,7 @@ use super::connect::{Peer, send_cancel_request};
 use super::describe::Descriptions;
 use super::params::{self, Params};
 use super::statement_cache::{StatementCache, Ticket};
-use crate::answer::{Answer, Op};
+use crate::answer::{Op, Reply};
 use crate::error::Error;
 use crate::protocol::sql_guard;
 use cleanup::send_then_clean;
@@ -118,7 +118,7 @@ pub(crate) async fn run(
     op: Op,
     limits: Limits,
     clean: bool,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     params::check_sql_size(sql)?;
     let mut healed = !target.heal;
     loop {
@@ -173,7 +173,7 @@ pub(crate) async fn run_for_holder(
     params: Params<'_, '_>,
     op: Op,
     settings: RunSettings,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     sql_guard::check_not_copy(sql)?;
     if target.state.traits.behind_transaction_pooler() {
         sql_guard::check_through_transaction_pooler(sql)?;
@@ -195,7 +195,7 @@ pub(crate) async fn run_given(
     params: Params<'_, '_>,
     op: Op,
     settings: RunSettings,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     if let Prepared::Unnamed(_) = statement {
         params::check_sql_size(sql)?;
         sql_guard::check_not_copy(sql)?;
@@ -223,7 +223,7 @@ pub(crate) async fn run_alone(
     op: Op,
     settings: RunSettings,
     clean: bool,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     let make = || {
         let limits = settings.limits;
         run(target, Prepare::Inline, sql, params, op, limits, clean)

@@ -6,7 +6,7 @@ use tokio_postgres::RowStream;
 use tokio_postgres::types::Type;
 
 use super::{Limits, Prepared, Target};
-use crate::answer::{Answer, Op};
+use crate::answer::{Op, Reply};
 use crate::conn::params::Params;
 use crate::error::{Error, ErrorKind};
 
@@ -33,7 +33,7 @@ pub(crate) async fn send(
     params: Params<'_, '_>,
     (op, usable): (Op, Usable),
     limits: Limits,
-) -> Result<Answer, Error> {
+) -> Result<Reply, Error> {
     if usable == Usable::Check {
         if target.is_dead() {
             return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
@@ -51,12 +51,14 @@ pub(crate) async fn send(
     }
     let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
     match (op, statement) {
-        (Op::Query, statement) => collect(target, sql, statement, params, limits).await,
+        (Op::Query | Op::First, statement) => {
+            collect(target, sql, statement, params, (op, limits)).await
+        }
         (Op::Execute, Prepared::Named(statement, _)) => target
             .client
             .execute(statement, params)
             .await
-            .map(Answer::Count)
+            .map(Reply::Count)
             .map_err(failed),
         (Op::Execute, Prepared::Unnamed(types)) => {
             // Boxed: unnamed statements are the rare path.
@@ -67,7 +69,7 @@ pub(crate) async fn send(
             while let Some(row) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
                 row.map_err(failed)?;
             }
-            Ok(Answer::Count(stream.rows_affected().unwrap_or(0)))
+            Ok(Reply::Count(stream.rows_affected().unwrap_or(0)))
         }
     }
 }
@@ -98,8 +100,8 @@ async fn collect(
     sql: &str,
     statement: &Prepared,
     params: Params<'_, '_>,
-    limits: Limits,
-) -> Result<Answer, Error> {
+    (op, limits): (Op, Limits),
+) -> Result<Reply, Error> {
     let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());
     let stream = match statement {
         Prepared::Named(statement, _) => {
@@ -113,8 +115,13 @@ async fn collect(
     }
     .map_err(failed)?;
     let mut stream = std::pin::pin!(stream);
-    let (mut rows, mut bytes) = (Vec::new(), 0usize);
-    let mut too_large = None;
+    // Of `Op::First`, only the first row is kept; the rest are counted,
+    // and held to the same limits as if they were kept.
+    let mut reply = match op {
+        Op::First => Reply::First(None, 0),
+        _ => Reply::Rows(Vec::new()),
+    };
+    let (mut bytes, mut too_large) = (0usize, None);
     let mut _draining = None;
     while let Some(row) = std::future::poll_fn(|cx| stream.as_mut().poll_next(cx)).await {
         let row = row.map_err(failed)?;
@@ -122,17 +129,22 @@ async fn collect(
             continue; // draining
         }
         bytes += row.raw_size_bytes();
-        too_large = past_limits(limits, bytes, rows.len());
+        too_large = past_limits(limits, bytes, reply.rows_affected() as usize);
         if too_large.is_some() {
-            rows = Vec::new();
+            reply = Reply::Count(0); // nothing kept
             _draining = Some(target.state.counts.draining());
-        } else {
-            rows.push(row);
+            continue;
+        }
+        match &mut reply {
+            Reply::First(first @ None, n) => (*first, *n) = (Some(row), 1),
+            Reply::First(_, n) => *n += 1,
+            Reply::Rows(rows) => rows.push(row),
+            Reply::Count(_) => {}
         }
     }
     match too_large {
         Some(message) => Err(Error::new(ErrorKind::TooLarge, message).ran()),
-        None => Ok(Answer::Rows(rows)),
+        None => Ok(reply),
     }
 }
 
