@@ -77,7 +77,8 @@ impl<S> TappedStream<S> {
             return;
         };
         let saved = std::mem::take(&mut groups.rewriter.saved);
-        let sizes = std::mem::take(&mut groups.rewriter.groups);
+        // Drained, not taken: the list keeps its room for the next groups.
+        let sizes = groups.rewriter.groups.drain(..);
         if let Some(metrics) = &self.pool.metrics {
             if saved > 0 {
                 metrics.wire.syncs_saved.inc_by(saved);

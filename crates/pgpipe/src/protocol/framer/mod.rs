@@ -176,7 +176,7 @@ impl<K: Keep> Framer<K> {
     /// message waits for the next call). Always inlined: `feed` is then the
     /// loop it was before `next` existed, with the callback inside it.
     #[inline(always)]
-    pub(crate) fn next(&mut self, bytes: &mut &[u8]) -> Option<Message<'_>> {
+    pub(crate) fn next<'s, 'b: 's>(&'s mut self, bytes: &mut &'b [u8]) -> Option<Message<'s>> {
         if let Some(len) = self.whole_message_at(bytes) {
             return Some(self.take_whole(bytes, len));
         }
@@ -203,27 +203,25 @@ impl<K: Keep> Framer<K> {
     /// (see [`whole_message_at`](Self::whole_message_at)): what
     /// [`next_in_pieces`](Self::next_in_pieces) would give for it, in one
     /// step.
+    ///
+    /// Its prefix and kept body are borrowed from `bytes`, not copied:
+    /// only a message split across calls needs the framer's own copies.
     #[inline(always)]
-    fn take_whole(&mut self, bytes: &mut &[u8], len: usize) -> Message<'_> {
+    fn take_whole<'s, 'b: 's>(&'s mut self, bytes: &mut &'b [u8], len: usize) -> Message<'s> {
         let kind = bytes[0];
-        let body = &bytes[5..1 + len];
+        let body: &'b [u8] = &bytes[5..1 + len];
         *bytes = &bytes[1 + len..];
         self.kind = kind;
-        let prefix_len = if K::prefix(kind) {
-            let keep = body.len().min(self.prefix.as_ref().len());
-            self.prefix.as_mut()[..keep].copy_from_slice(&body[..keep]);
-            keep
+        let prefix: &'b [u8] = if K::prefix(kind) {
+            &body[..body.len().min(self.prefix.as_ref().len())]
         } else {
-            0
+            &[]
         };
         let kept = self.capturing().then(|| {
-            self.captured.clear();
-            let keep = body.len().min(CAPTURED);
-            self.captured.extend_from_slice(&body[..keep]);
-            if keep < body.len() {
-                Err(&self.captured[..])
+            if body.len() > CAPTURED {
+                Err(&body[..CAPTURED])
             } else {
-                Ok(&self.captured[..])
+                Ok(body)
             }
         });
         let start = self.offset;
@@ -234,7 +232,7 @@ impl<K: Keep> Framer<K> {
         Message {
             kind,
             first: body.first().copied(),
-            prefix: &self.prefix.as_ref()[..prefix_len],
+            prefix,
             body: kept,
             start: if K::OFFSETS { start } else { 0 },
             end: self.offset,
