@@ -49,23 +49,23 @@ pub(super) fn head(out: &mut Vec<u8>) {
 /// learned groupable, `Execute` of it with no row limit, `Sync`. If so, the
 /// [`key`] of its statement.
 pub(super) fn plain_read(next: &[u8], groupable: &Groupable) -> Option<u64> {
-    /// The message of `kind` at the start of `bytes`: its body, and the rest.
-    fn take(bytes: &[u8], kind: u8) -> Option<(&[u8], &[u8])> {
-        let (&k, rest) = bytes.split_first()?;
-        let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
-        if k != kind || len < 4 {
-            return None;
-        }
-        Some((rest.get(4..len)?, &rest[len..]))
+    /// `Execute` of the unnamed portal with no row limit, then `Sync`: the
+    /// only bytes that may follow such a `Bind`.
+    const EXECUTE_SYNC: [u8; 15] = [b'E', 0, 0, 0, 9, 0, 0, 0, 0, 0, b'S', 0, 0, 0, 4];
+    let (&kind, rest) = next.split_first()?;
+    let len = u32::from_be_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+    if kind != b'B' || len < 4 {
+        return None;
     }
-    let (bind, rest) = take(next, b'B')?;
-    let (execute, rest) = take(rest, b'E')?;
-    let bound = match cstring(bind) {
-        Some((b"", rest)) => cstring(rest).and_then(|(name, _)| {
-            let key = key(name);
-            groupable.has(key, name).then_some(key)
-        }),
-        _ => None,
+    let (bind, rest) = (rest.get(4..len)?, &rest[len..]);
+    if !rest.starts_with(&EXECUTE_SYNC) {
+        return None;
+    }
+    // Portal "", then the statement's name.
+    let (b"", rest) = cstring(bind)? else {
+        return None;
     };
-    bound.filter(|_| execute == [0, 0, 0, 0, 0] && take(rest, b'S').is_some())
+    let (name, _) = cstring(rest)?;
+    let key = key(name);
+    groupable.has(key, name).then_some(key)
 }
