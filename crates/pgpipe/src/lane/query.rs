@@ -54,48 +54,161 @@ fn span(pool: &Lane, sql: &str, slow: bool) -> tracing::Span {
 /// the metrics when there are metrics; `slow` is the caller's word that it
 /// is slow.
 ///
-/// One layer, not one per concern: every poll of a query passes through
-/// each `async fn` between the caller and the wire, and each layer costs
-/// its state's save and restore, and moving the answer up (issue #25 item
-/// 3: about 60 instructions per query a layer).
-pub(crate) async fn run(
+/// Not an `async fn`: it hands back [`one`]'s future itself. Every poll of
+/// a query passes through each `async fn` between the caller and the wire,
+/// and each layer costs its state's save and restore, and moving the answer
+/// up (issue #25 item 3: about 60 instructions per query a layer).
+#[inline]
+pub(crate) fn run(
     pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
     slow: bool,
+) -> impl Future<Output = Result<Reply, Error>> {
+    one(
+        pool,
+        sql,
+        params,
+        op,
+        if slow { Who::Slow } else { Who::Caller },
+    )
+}
+
+/// Runs SQL of the pool's own that reads only the catalog with built-in
+/// functions: no guard, no cleanup, no wait for the catalog (it is the
+/// query that learns it), no span and not counted.
+pub(crate) fn run_internal(
+    pool: &Arc<Lane>,
+    sql: &str,
+) -> impl Future<Output = Result<Reply, Error>> {
+    one(pool, sql, &[], Op::Query, Who::Pool)
+}
+
+/// Who runs a query.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Who {
+    /// A caller, with nothing said of its cost.
+    Caller,
+    /// A caller who says it is slow.
+    Slow,
+    /// The pool itself: [`run_internal`].
+    Pool,
+}
+
+/// [`run`] and [`run_internal`]: one layer for every concern (admission,
+/// the shared path and its retries, metrics, tracing), the rare paths
+/// boxed.
+async fn one(
+    pool: &Arc<Lane>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    who: Who,
 ) -> Result<Reply, Error> {
+    let (slow, internal) = (who == Who::Slow, who == Who::Pool);
     // The span is not entered around the future (`Instrument` would move
     // the whole query future into its wrapper: two copies of a few KiB per
     // query); it lives while the query runs, and its fields are recorded on
     // it directly.
     #[cfg(feature = "tracing")]
-    let span = span(pool, sql, slow);
+    let span = if internal {
+        tracing::Span::none()
+    } else {
+        span(pool, sql, slow)
+    };
     #[cfg(feature = "tracing")]
     let trace = Trace::new(&span);
     #[cfg(not(feature = "tracing"))]
     let trace = Trace::new();
     #[cfg(feature = "tracing")]
-    let started = pool
-        .config()
-        .log_slow_statements
+    let started = (!internal)
+        .then_some(pool.config().log_slow_statements)
+        .flatten()
         .map(|at| (at, Instant::now()));
-    let counting = pool
-        .metrics()
+    let counting = (!internal)
+        .then(|| pool.metrics())
+        .flatten()
         .map(|metrics| Counting::start(metrics, pool.mode()));
-    let watch = Watch {
-        waiting: counting.as_ref().map(Counting::started),
-        trace,
-    };
-    let result = match admit(pool, sql) {
-        Ok(Some(clean)) if pool.config().pipelining => {
-            run_shared(pool, sql, params, op, slow, clean, watch).await
+    let waiting = counting.as_ref().map(Counting::started);
+    let clean = match admit(pool, sql, internal) {
+        Ok(Some(clean)) => Ok(clean),
+        // A lane's first queries wait until it has tried to learn its
+        // catalog, then are judged again (the verdict may change).
+        Ok(None) => {
+            crate::lane::catalog::ready(pool).await;
+            pool.wire().check(sql).map(|code| needs_cleanup(pool, code))
         }
-        // Boxed, both: a pool takes the path without pipelining always or
-        // never, and a lane waits for its catalog once; carried inline,
-        // their state would size every pipelined query's future.
-        Ok(Some(clean)) => Box::pin(run_alone_counted(pool, sql, params, op, clean, watch)).await,
-        Ok(None) => Box::pin(after_catalog(pool, sql, params, op, slow, watch)).await,
+        Err(error) => Err(error),
+    };
+    let result = match clean {
+        // The shared path, inline: see `run`.
+        Ok(clean) if pool.config().pipelining => {
+            let router = pool.router();
+            let settings = pool.run_settings();
+            let cost = Cost::of(pool, sql, slow);
+            let mut retries = Retries::default();
+            loop {
+                let place = router.reserve(cost.is_slow()).await;
+                // One clock read ends the wait and starts the run's cost.
+                let admitted = (waiting.is_some() || cost.learns()).then(Instant::now);
+                if retries.none_unsent() {
+                    // Failed waits too: they are the longest.
+                    pool.waited_until(waiting, admitted);
+                }
+                let place = match place {
+                    Ok(place) => place,
+                    Err(error) => break Err(error),
+                };
+                trace.admitted(place.ahead, waiting);
+                router.batch_window(&place).await;
+                let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
+                let conn = &place.conn;
+                let prepare = Prepare::Spawned(conn);
+                let target = conn.conn().target();
+                let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
+                let result = match settings.query_timeout {
+                    // Without a deadline, the query's future is awaited here
+                    // rather than inside `within_deadline`'s: one layer less
+                    // for every poll.
+                    None => query().await,
+                    deadline => {
+                        run::within_deadline(deadline, target, query, || router.late(conn)).await
+                    }
+                };
+                if result.is_ok() {
+                    cost.learn(router.costs(), admitted);
+                    alone.answered(pool, conn);
+                }
+                if let Err(e) = &result {
+                    if e.kind() == ErrorKind::ConnectionLost {
+                        // The connection is going (a FATAL error arrives
+                        // before the socket closes): hand no freed place on
+                        // it to a waiting query, which would be lost with it.
+                        trace.lost(e);
+                        router.retire(conn);
+                    }
+                }
+                match result {
+                    // Skipped by the server behind a neighbour's failure in
+                    // its read group: it never ran, and it is not the
+                    // caller's failure.
+                    Err(e) if e.is_skipped() && retries.take_skipped() => {
+                        if let Some(metrics) = pool.metrics() {
+                            metrics.wire.resent.inc();
+                        }
+                    }
+                    // Never sent: run it on another connection. Once sent,
+                    // never again.
+                    Err(e) if e.is_unsent() && retries.take_unsent() => {}
+                    result => break result,
+                }
+            }
+        }
+        // Boxed: a pool takes the path without pipelining always or never;
+        // carried inline, its state would size every pipelined query's
+        // future.
+        Ok(clean) => Box::pin(run_alone_counted(pool, sql, params, op, clean, waiting)).await,
         Err(error) => Err(error),
     };
     if let Some(counting) = counting {
@@ -116,20 +229,16 @@ pub(crate) async fn run(
     result
 }
 
-/// What watches one query: when it started waiting (with metrics), and its
-/// trace span (with the `tracing` feature).
-#[derive(Clone, Copy)]
-struct Watch<'a> {
-    waiting: Option<Instant>,
-    trace: Trace<'a>,
-}
-
 /// Admits `sql` to the lane: the guard's verdict, the pool open, the
 /// lane's housekeeping started. Whether the session is cleaned behind it,
 /// or `None` while the lane has not tried to learn its catalog (the
-/// guard's verdict may change once it has: see [`after_catalog`]).
+/// guard's verdict may change once it has). The pool's own SQL
+/// (`internal`) is let through, never cleaned behind.
 #[inline]
-fn admit(pool: &Arc<Lane>, sql: &str) -> Result<Option<bool>, Error> {
+fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<bool>, Error> {
+    if internal {
+        return Ok(Some(false));
+    }
     let code = pool.wire().check(sql)?;
     if pool.is_closed() {
         return Err(Error::closed());
@@ -139,24 +248,6 @@ fn admit(pool: &Arc<Lane>, sql: &str) -> Result<Option<bool>, Error> {
         return Ok(None);
     }
     Ok(Some(needs_cleanup(pool, code)))
-}
-
-/// A lane's first queries: they wait until it has tried to learn its
-/// catalog, then are judged again and run.
-async fn after_catalog(
-    pool: &Arc<Lane>,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-    op: Op,
-    slow: bool,
-    watch: Watch<'_>,
-) -> Result<Reply, Error> {
-    crate::lane::catalog::ready(pool).await;
-    let clean = needs_cleanup(pool, pool.wire().check(sql)?);
-    if !pool.config().pipelining {
-        return run_alone_counted(pool, sql, params, op, clean, watch).await;
-    }
-    run_shared(pool, sql, params, op, slow, clean, watch).await
 }
 
 /// A query on a connection of its own (pipelining off). Boxed by its
@@ -169,36 +260,13 @@ async fn run_alone_counted(
     params: &[&(dyn ToSql + Sync)],
     op: Op,
     clean: bool,
-    watch: Watch<'_>,
+    waiting: Option<Instant>,
 ) -> Result<Reply, Error> {
     let conn = pool.checkout(Holder::Pool).await;
-    pool.waited(watch.waiting);
+    pool.waited(waiting);
     let conn = conn?;
     let target = conn.pg_conn().target();
     run::run_alone(target, sql, params, op, pool.run_settings(), clean).await
-}
-
-/// Runs SQL of the pool's own that reads only the catalog with built-in
-/// functions: no guard, no cleanup, no wait for the catalog (it is the
-/// query that learns it).
-pub(crate) async fn run_internal(pool: &Arc<Lane>, sql: &str) -> Result<Reply, Error> {
-    if !pool.config().pipelining {
-        let conn = pool.checkout(Holder::Pool).await?;
-        let target = conn.pg_conn().target();
-        let settings = pool.run_settings();
-        return run::run_alone(target, sql, &[], Op::Query, settings, false).await;
-    }
-    #[cfg(feature = "tracing")]
-    let span = tracing::Span::none();
-    #[cfg(feature = "tracing")]
-    let trace = Trace::new(&span);
-    #[cfg(not(feature = "tracing"))]
-    let trace = Trace::new();
-    let watch = Watch {
-        waiting: None,
-        trace,
-    };
-    run_shared(pool, sql, &[], Op::Query, false, false, watch).await
 }
 
 /// Whether the session is cleaned right behind this query (see
@@ -210,71 +278,6 @@ pub(crate) fn needs_cleanup(pool: &Lane, code: Code) -> bool {
     // second Sync in flight).
     !config.pooler.is_transaction()
         && (code == Code::Unknown || config.session_cleanup == SessionCleanup::EveryQuery)
-}
-
-/// Runs a query on the shared path.
-async fn run_shared(
-    pool: &Arc<Lane>,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-    op: Op,
-    slow: bool,
-    clean: bool,
-    watch: Watch<'_>,
-) -> Result<Reply, Error> {
-    let Watch { waiting, trace } = watch;
-    let router = pool.router();
-    let settings = pool.run_settings();
-    let cost = Cost::of(pool, sql, slow);
-    let mut retries = Retries::default();
-    loop {
-        let place = router.reserve(cost.is_slow()).await;
-        // One clock read ends the wait and starts the run's cost.
-        let admitted = (waiting.is_some() || cost.learns()).then(Instant::now);
-        if retries.none_unsent() {
-            // Failed waits too: they are the longest.
-            pool.waited_until(waiting, admitted);
-        }
-        let place = place?;
-        trace.admitted(place.ahead, waiting);
-        router.batch_window(&place).await;
-        let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
-        let conn = &place.conn;
-        let prepare = Prepare::Spawned(conn);
-        let target = conn.conn().target();
-        let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
-        let result = match settings.query_timeout {
-            // Without a deadline, the query's future is awaited here rather
-            // than inside `within_deadline`'s: one layer less for every poll.
-            None => query().await,
-            deadline => run::within_deadline(deadline, target, query, || router.late(conn)).await,
-        };
-        if result.is_ok() {
-            cost.learn(router.costs(), admitted);
-            alone.answered(pool, conn);
-        }
-        if let Err(e) = &result {
-            if e.kind() == ErrorKind::ConnectionLost {
-                // The connection is going (a FATAL error arrives before the
-                // socket closes): hand no freed place on it to a waiting
-                // query, which would be lost with it.
-                trace.lost(e);
-                router.retire(conn);
-            }
-        }
-        match result {
-            // Skipped by the server behind a neighbour's failure in its read
-            // group: it never ran, and it is not the caller's failure.
-            Err(e) if e.is_skipped() && retries.take_skipped() => {
-                if let Some(metrics) = pool.metrics() {
-                    metrics.wire.resent.inc();
-                }
-            }
-            // Never sent: run it on another connection. Once sent, never again.
-            Err(e) if e.is_unsent() && retries.take_unsent() => {}
-            result => return result,
-        }
-    }
 }
 
 /// A query sent alone (nothing in flight on its connection), for latency
