@@ -176,9 +176,10 @@ impl Coalescer {
                     result = Err((Confused("an unexpected answer to the head's Parse"), start));
                     break;
                 }
-                (Req::Grouped(_), b'2' | b'D') => seen(&passed()),
+                (Req::Grouped(_), b'2' | b'D') => seen(&message),
                 (Req::Grouped(name), b'C' | b'I' | b'E') => {
-                    let refused = kind == b'E' && self.refused_read_only(start, end);
+                    let refused = kind == b'E'
+                        && refused_read_only(self.read_only_head, &self.carry[start..end]);
                     if kind == b'E' {
                         // Whatever the error, the statement shares no more
                         // groups on this connection: one that failed may fail
@@ -207,7 +208,9 @@ impl Coalescer {
                     result = Err((Confused("an unexpected message in a read group"), start));
                     break;
                 }
-                (Req::Closing(name), b'E') if self.refused_read_only(start, end) => {
+                (Req::Closing(name), b'E')
+                    if refused_read_only(self.read_only_head, &self.carry[start..end]) =>
+                {
                     self.groupable.forget(name);
                     out.extend_from_slice(&self.carry[copied..start]);
                     copied = end;
@@ -216,21 +219,21 @@ impl Coalescer {
                 }
                 (Req::Closing(_), b'Z') => {
                     pop(&mut self.requests, &mut self.grouped);
-                    seen(&passed());
+                    seen(&message);
                 }
-                (Req::Closing(_), _) => seen(&passed()),
+                (Req::Closing(_), _) => seen(&message),
                 (Req::Own, b'Z') => {
                     pop(&mut self.requests, &mut self.grouped);
-                    seen(&passed());
+                    seen(&message);
                 }
                 // COPY FROM STDIN (exclusive use only): the Sync behind its
                 // Execute is ignored in copy-in mode; the one after CopyDone
                 // is answered.
                 (Req::Own, b'G') => {
                     pop(&mut self.requests, &mut self.grouped);
-                    seen(&passed());
+                    seen(&message);
                 }
-                (Req::Own, _) => seen(&passed()),
+                (Req::Own, _) => seen(&message),
             }
         }
         // Past a confusion: walked, not read.
@@ -273,15 +276,15 @@ impl Coalescer {
             _ => self.head_failures = super::MAX_HEAD_FAILURES,
         }
     }
+}
 
-    /// Whether the error at `carry[start..end]`, the answer to a grouped
-    /// request, is the server refusing
-    /// a write in a read-only transaction (SQLSTATE 25006) behind the
-    /// rewriter's own head: without the group the statement would have
-    /// run.
-    fn refused_read_only(&self, start: usize, end: usize) -> bool {
-        self.read_only_head && sqlstate(&self.carry[start..end]) == Some(READ_ONLY)
-    }
+/// Whether `error`, the answer to a grouped request, is the server refusing
+/// a write in a read-only transaction (SQLSTATE 25006) behind the
+/// rewriter's own head (`read_only_head`): without the group the statement
+/// would have run. A function of the fields it reads, not of the whole
+/// rewriter: the message being answered still borrows its framer.
+fn refused_read_only(read_only_head: bool, error: &[u8]) -> bool {
+    read_only_head && sqlstate(error) == Some(READ_ONLY)
 }
 
 /// SQLSTATE `invalid_sql_statement_name`: the head's statement is gone.
