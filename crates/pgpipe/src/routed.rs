@@ -3,7 +3,7 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::answer::{Op, at_most_one, exactly_one};
+use crate::answer::{Op, Reply, at_most_one, exactly_one};
 use crate::batch::Batch;
 use crate::error::Error;
 use crate::statement::{ToQuery, pool_sql};
@@ -33,6 +33,18 @@ impl<'a> Routed<'a> {
         Routed { hosts, consistency }
     }
 
+    /// Runs `sql` as a read of this handle's consistency: the dispatcher's
+    /// own future, with no layer of this handle's around it.
+    fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> impl Future<Output = Result<Reply, Error>> {
+        self.hosts
+            .run_as(sql, params, op, false, Some(self.consistency))
+    }
+
     /// The pool's hosts.
     pub(crate) fn hosts(&self) -> &Arc<Hosts> {
         self.hosts
@@ -49,16 +61,7 @@ impl<'a> Routed<'a> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        let answer = self
-            .hosts
-            .run_as(
-                pool_sql(query)?,
-                params,
-                Op::Query,
-                false,
-                Some(self.consistency),
-            )
-            .await?;
+        let answer = self.run(pool_sql(query)?, params, Op::Query).await?;
         Ok(answer.into_rows())
     }
 
@@ -72,17 +75,7 @@ impl<'a> Routed<'a> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        exactly_one(
-            self.hosts
-                .run_as(
-                    pool_sql(query)?,
-                    params,
-                    Op::First,
-                    false,
-                    Some(self.consistency),
-                )
-                .await?,
-        )
+        exactly_one(self.run(pool_sql(query)?, params, Op::First).await?)
     }
 
     /// As [`Pool::query_opt`](crate::Pool::query_opt), as a read.
@@ -95,17 +88,7 @@ impl<'a> Routed<'a> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(
-            self.hosts
-                .run_as(
-                    pool_sql(query)?,
-                    params,
-                    Op::First,
-                    false,
-                    Some(self.consistency),
-                )
-                .await?,
-        )
+        at_most_one(self.run(pool_sql(query)?, params, Op::First).await?)
     }
 
     /// As [`Pool::execute`](crate::Pool::execute), as a read: a statement that writes fails with
@@ -119,16 +102,7 @@ impl<'a> Routed<'a> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error> {
-        let answer = self
-            .hosts
-            .run_as(
-                pool_sql(query)?,
-                params,
-                Op::Execute,
-                false,
-                Some(self.consistency),
-            )
-            .await?;
+        let answer = self.run(pool_sql(query)?, params, Op::Execute).await?;
         Ok(answer.rows_affected())
     }
 

@@ -3,7 +3,7 @@
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::answer::{Op, at_most_one, exactly_one};
+use crate::answer::{Op, Reply, at_most_one, exactly_one};
 use crate::error::Error;
 use crate::statement::{ToQuery, pool_sql};
 use std::sync::Arc;
@@ -24,6 +24,17 @@ impl Slow<'_> {
         Slow { hosts, read }
     }
 
+    /// Runs `sql` marked slow, where this handle sends it: the
+    /// dispatcher's own future, with no layer of this handle's around it.
+    fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        op: Op,
+    ) -> impl Future<Output = Result<Reply, Error>> {
+        self.hosts.run_as(sql, params, op, true, self.read)
+    }
+
     /// The pool's hosts.
     pub(crate) fn hosts(&self) -> &Arc<Hosts> {
         self.hosts
@@ -39,10 +50,7 @@ impl Slow<'_> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, Error> {
-        let answer = self
-            .hosts
-            .run_as(pool_sql(query)?, params, Op::Query, true, self.read)
-            .await?;
+        let answer = self.run(pool_sql(query)?, params, Op::Query).await?;
         Ok(answer.into_rows())
     }
 
@@ -56,11 +64,7 @@ impl Slow<'_> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        exactly_one(
-            self.hosts
-                .run_as(pool_sql(query)?, params, Op::First, true, self.read)
-                .await?,
-        )
+        exactly_one(self.run(pool_sql(query)?, params, Op::First).await?)
     }
 
     /// As [`Pool::query_opt`](crate::Pool::query_opt), marked slow.
@@ -73,11 +77,7 @@ impl Slow<'_> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<Row>, Error> {
-        at_most_one(
-            self.hosts
-                .run_as(pool_sql(query)?, params, Op::First, true, self.read)
-                .await?,
-        )
+        at_most_one(self.run(pool_sql(query)?, params, Op::First).await?)
     }
 
     /// As [`Pool::execute`](crate::Pool::execute), marked slow.
@@ -90,10 +90,7 @@ impl Slow<'_> {
         query: &Q,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error> {
-        let answer = self
-            .hosts
-            .run_as(pool_sql(query)?, params, Op::Execute, true, self.read)
-            .await?;
+        let answer = self.run(pool_sql(query)?, params, Op::Execute).await?;
         Ok(answer.rows_affected())
     }
 }
