@@ -19,8 +19,9 @@ use rows::RawParam;
 pub use rows::RowStream;
 
 /// Runs queries: implemented by [`Pool`] (pipelined, with pipelining on),
-/// [`Connection`](crate::Connection) (an exclusive checkout), [`Transaction`],
-/// [`OwnedTransaction`], [`Slow`] and
+/// [`Connection`](crate::Connection) (an exclusive checkout),
+/// [`Transaction`](crate::Transaction),
+/// [`OwnedTransaction`](crate::OwnedTransaction), [`Slow`] and
 /// [`Routed`] (reads, from [`Pool::read`]).
 ///
 /// tokio-postgres' own `GenericClient` is sealed, and covers neither a pool
@@ -55,8 +56,8 @@ pub use rows::RowStream;
 /// Queries take what tokio-postgres' take ([`ToQuery`]): SQL text, a
 /// [`Statement`] from [`prepare`](Executor::prepare) (which runs anywhere,
 /// by its SQL), or, on a checkout, a tokio-postgres `Statement` prepared on
-/// it. With the trait in scope, `conn.query(…)` on a [`Connection`] or a
-/// [`Transaction`] calls this trait (pgpipe's caps, deadline and `Error`)
+/// it. With the trait in scope, `conn.query(…)` on a [`Connection`](crate::Connection) or a
+/// [`Transaction`](crate::Transaction) calls this trait (pgpipe's caps, deadline and `Error`)
 /// rather than tokio-postgres' method of the same name; whichever runs it,
 /// every statement on a checkout is counted in the metrics.
 ///
