@@ -125,6 +125,9 @@ impl From<Vec<Row>> for Reply {
 #[inline]
 pub(crate) fn exactly_one(reply: impl Into<Reply>) -> Result<Row, Error> {
     let reply = reply.into();
+    // The common answer taken as it is, before `first()` moves it apart:
+    // without this, echo measured 12,349-12,368 instructions per query
+    // against 12,337 (issue #25).
     if let Reply::First(Some(row), 1) = reply {
         return Ok(row);
     }
