@@ -5,6 +5,7 @@
 mod atomic_units;
 mod bad_input;
 mod batch;
+mod blocking;
 mod correctness;
 mod counted;
 mod dashboards;

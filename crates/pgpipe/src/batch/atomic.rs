@@ -49,8 +49,12 @@ impl Batch<'_> {
             return Err(Error::closed());
         }
         housekeeping::start(inner);
-        if self.shares_a_pipeline(inner) {
-            return self.run_unit(inner).await;
+        if self.shares_a_pipeline(inner) && !self.blocked_before(inner) {
+            if let Some(results) = self.run_unit(inner).await? {
+                return Ok(results);
+            }
+            // Stopped at the head-of-line budget: rolled back, so it runs
+            // again on a connection of its own, below.
         }
         // Session SQL is allowed here (a `SET`, a temp table …), and so is
         // code the guard cannot read: the session is cleaned behind COMMIT,

@@ -13,9 +13,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use super::atomic::{LeftBehind, steps};
 use super::{Batch, BatchResults};
+use crate::conn::budget::stopped_by_budget;
 use crate::conn::run::{self, Late, Prepare, Target};
 use crate::conn::state::ConnState;
 use crate::error::{Error, ErrorKind};
@@ -74,8 +76,22 @@ impl Batch<'_> {
             .any(|item| costs.is_slow(Costs::key(item.sql), threshold))
     }
 
-    /// Runs the batch as one unit of a shared connection's pipeline.
-    pub(super) async fn run_unit(&self, inner: &Arc<Lane>) -> Result<BatchResults, Error> {
+    /// Whether the server stopped one of its items at the head-of-line
+    /// budget before: the batch then runs on a connection of its own.
+    pub(super) fn blocked_before(&self, inner: &Lane) -> bool {
+        inner.config().head_of_line_budget.is_some() && {
+            let costs = inner.router().costs();
+            self.items
+                .iter()
+                .any(|item| costs.is_blocked(Costs::key(item.sql)))
+        }
+    }
+
+    /// Runs the batch as one unit of a shared connection's pipeline; `None`
+    /// when the server stopped an item at the head-of-line budget (the
+    /// transaction rolled back: nothing of it committed), so that it runs
+    /// again on a connection of its own.
+    pub(super) async fn run_unit(&self, inner: &Arc<Lane>) -> Result<Option<BatchResults>, Error> {
         let router = inner.router();
         let settings = inner.run_settings();
         let steps = steps(self.items.len());
@@ -83,6 +99,7 @@ impl Batch<'_> {
         let mut retries = Retries::default();
         loop {
             let mut place = router.reserve(slow).await?;
+            let sent = Instant::now();
             place.extend(steps.len() as u64 - 1);
             let conn = Arc::clone(&place.conn);
             let target = Target {
@@ -133,7 +150,7 @@ impl Batch<'_> {
                     Ok(Err(Stopped::Refused(_, e))) if e.is_unsent() && retries.take_unsent() => {
                         continue; // its connection died first: nothing was sent
                     }
-                    Ok(Err(Stopped::Refused(i, e))) => return Ok(self.abort(i, e, false)),
+                    Ok(Err(Stopped::Refused(i, e))) => return Ok(Some(self.abort(i, e, false))),
                     Ok(Err(Stopped::Unusable)) if retries.take_unsent() => {
                         continue; // nothing was sent: another connection
                     }
@@ -165,7 +182,26 @@ impl Batch<'_> {
             if lost {
                 router.retire(&conn);
             }
-            return self.settle(target, (&statements, left_behind.get()), answers);
+            let ran_for = sent.elapsed();
+            let stopped = |r: &Result<Option<_>, Error>| matches!(r, Err(e) if stopped_by_budget(e, target.state, ran_for));
+            if answers.iter().any(stopped) {
+                let costs = router.costs();
+                for (item, _) in self
+                    .items
+                    .iter()
+                    .zip(&answers[1..])
+                    .filter(|(_, r)| stopped(r))
+                {
+                    costs.block(Costs::key(item.sql));
+                }
+                if let Some(metrics) = inner.metrics() {
+                    metrics.wire.evicted.inc();
+                }
+                return Ok(None);
+            }
+            return self
+                .settle(target, (&statements, left_behind.get()), answers)
+                .map(Some);
         }
     }
 }

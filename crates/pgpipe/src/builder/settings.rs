@@ -200,6 +200,15 @@ impl PoolBuilder {
         self
     }
 
+    /// How long one statement may hold a shared connection's pipeline
+    /// before the server stops it and the pool runs it again on a
+    /// connection of its own; `None` turns it off. See
+    /// [`PoolConfig::head_of_line_budget`]. Default: 100 ms.
+    pub fn head_of_line_budget(mut self, budget: impl Into<Option<Duration>>) -> Self {
+        self.config.head_of_line_budget = budget.into();
+        self
+    }
+
     /// With the `tracing` feature, logs a query that takes at least
     /// `threshold` as a `warn` event (target `pgpipe::slow`); `None` logs
     /// none. See [`PoolConfig::log_slow_statements`]. Default: 1 s.

@@ -224,6 +224,23 @@ pub struct PoolConfig {
     /// Default: 5 ms.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub slow_query_threshold: Option<Duration>,
+    /// The head-of-line budget: how long one statement may hold a shared
+    /// connection's pipeline. Shared connections run with this
+    /// `statement_timeout` in their session (set when a connection joins
+    /// the shared path, unless the session's own is already shorter), so
+    /// the *server* stops a statement that waits on a lock or runs long
+    /// before the queries pipelined behind it wait longer: its implicit
+    /// transaction rolls back, nothing it did commits, and its neighbours go
+    /// on. The pool then runs it again, on a connection of its own, within
+    /// the caller's `query_timeout` (the caller sees latency, not an error)
+    /// and remembers it: its next runs never share a pipeline.
+    ///
+    /// Off (`None`) behind a transaction pooler, where a session setting
+    /// would reach other clients; there set `statement_timeout` on the role.
+    ///
+    /// Default: 100 ms (see the guide's head-of-line section for why).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub head_of_line_budget: Option<Duration>,
     /// With the `tracing` feature: a query through the pool or one of its
     /// handles that takes at least this long, waiting included, is logged
     /// as a `warn` event (target `pgpipe::slow`) with its duration, its
@@ -327,6 +344,7 @@ impl Default for PoolConfig {
             max_result_bytes: Some(64 << 20),
             max_result_rows: None,
             slow_query_threshold: Some(Duration::from_millis(5)),
+            head_of_line_budget: Some(DEFAULT_BUDGET),
             log_slow_statements: Some(Duration::from_secs(1)),
             session_cleanup: SessionCleanup::default(),
             session_settings: BTreeMap::new(),
@@ -353,6 +371,11 @@ pub(crate) fn deadline_after(after: Duration) -> tokio::time::Instant {
 /// `max_pipeline_depth`'s default.
 const DEFAULT_DEPTH: usize = 128;
 
+/// `head_of_line_budget`'s default: well above a web service's ordinary
+/// statement (so a statement is rarely stopped and run again), well below
+/// what a neighbour notices as a stall (the benchmark's fault workloads).
+pub(crate) const DEFAULT_BUDGET: Duration = Duration::from_millis(100);
+
 impl PoolConfig {
     /// How statements are prepared, as set or as the pooler requires.
     pub(crate) fn prepare_mode(&self) -> Prepare {
@@ -368,6 +391,11 @@ impl PoolConfig {
     pub(crate) fn effective(mut self) -> PoolConfig {
         if !self.pooler.allows_pipeline() {
             self.max_pipeline_depth = 1;
+        }
+        // A session setting behind a transaction pooler would reach
+        // whichever client the server goes to next.
+        if self.pooler.is_transaction() || !self.pipelining {
+            self.head_of_line_budget = None;
         }
         self
     }

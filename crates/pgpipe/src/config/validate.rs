@@ -103,6 +103,7 @@ impl PoolConfig {
             ("max_lifetime", self.max_lifetime),
             ("idle_timeout", self.idle_timeout),
             ("slow_query_threshold", self.slow_query_threshold),
+            ("head_of_line_budget", self.head_of_line_budget),
             ("log_slow_statements", self.log_slow_statements),
         ];
         if let Some((name, _)) = positive
@@ -112,14 +113,23 @@ impl PoolConfig {
             return Err(format!("{name} must be above zero (or unset)"));
         }
         // PostgreSQL keeps statement_timeout in an int of milliseconds.
+        let too_long = |t: &Duration| t.as_millis() > i32::MAX as u128;
+        for (name, timeout) in [
+            ("statement_timeout", self.statement_timeout),
+            ("head_of_line_budget", self.head_of_line_budget),
+        ] {
+            if timeout.as_ref().is_some_and(too_long) {
+                return Err(format!(
+                    "{name} must be at most {} ms (PostgreSQL's limit)",
+                    i32::MAX
+                ));
+            }
+        }
         if self
-            .statement_timeout
-            .is_some_and(|t| t.as_millis() > i32::MAX as u128)
+            .head_of_line_budget
+            .is_some_and(|b| b < Duration::from_millis(1))
         {
-            return Err(format!(
-                "statement_timeout must be at most {} ms (PostgreSQL's limit)",
-                i32::MAX
-            ));
+            return Err("head_of_line_budget must be at least 1 ms (or unset)".into());
         }
         if let Some((name, _)) = self.session_settings.iter().find(|(name, _)| {
             name.is_empty()

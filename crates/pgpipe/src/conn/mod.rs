@@ -22,6 +22,7 @@
 //! - [`turn`]: the order in which requests join the pipeline.
 //! - [`statement_cache`], [`notifications`], [`tls`].
 
+pub(crate) mod budget;
 pub(crate) mod connect;
 pub(crate) mod describe;
 pub(crate) mod hooks;

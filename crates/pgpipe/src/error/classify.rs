@@ -94,6 +94,7 @@ impl Error {
             source: Some(Source::SharedPg(Arc::clone(error))),
             unsent: false,
             ran: false,
+            stopped: false,
         }))
     }
 }

@@ -33,6 +33,8 @@ struct Inner {
     unsent: bool,
     /// The statement ran (a result over the caps).
     ran: bool,
+    /// Past its deadline, the server stopped it: nothing it did committed.
+    stopped: bool,
 }
 
 /// The cause, kept typed so that `as_db_error` works without downcasting
@@ -79,11 +81,14 @@ impl Error {
     /// [`ErrorKind::Closed`], [`ErrorKind::NotAllowedOnShared`],
     /// [`ErrorKind::Params`] …) and for a statement the server rejected
     /// ([`ErrorKind::Db`]: its implicit transaction was rolled back; inside
-    /// your own transaction, the transaction decides).
+    /// your own transaction, the transaction decides), and for a
+    /// [`ErrorKind::QueryTimeout`] whose statement the server stopped (under
+    /// the head-of-line budget or a deadline the server enforced: its
+    /// implicit transaction was rolled back, and it never runs later).
     pub fn may_have_run(&self) -> bool {
         match self.0.kind {
             ErrorKind::ConnectionLost => !self.0.unsent,
-            ErrorKind::QueryTimeout => true,
+            ErrorKind::QueryTimeout => !self.0.stopped,
             ErrorKind::TooLarge => self.0.ran,
             _ => false,
         }
@@ -101,6 +106,7 @@ impl Error {
             source: None,
             unsent: false,
             ran: false,
+            stopped: false,
         }))
     }
 
@@ -111,6 +117,7 @@ impl Error {
             source: Some(Source::Pg(error)),
             unsent: false,
             ran: false,
+            stopped: false,
         }))
     }
 
@@ -125,6 +132,7 @@ impl Error {
             source: Some(Source::Other(source.into())),
             unsent: false,
             ran: false,
+            stopped: false,
         }))
     }
 
@@ -174,6 +182,17 @@ impl Error {
             ErrorKind::QueryTimeout,
             format!("the query ran past query_timeout and may have run: {what}"),
         )
+    }
+
+    /// Past `query_timeout`, a query the server stopped (or that never
+    /// started again after the server stopped it): it did not run.
+    pub(crate) fn query_timeout_stopped(what: &str) -> Error {
+        let mut error = Error::new(
+            ErrorKind::QueryTimeout,
+            format!("the query ran past query_timeout and did not run: {what}"),
+        );
+        error.0.stopped = true;
+        error
     }
 
     pub(crate) fn queue_full(capacity: usize) -> Error {

@@ -7,11 +7,13 @@
 //! - `mod.rs`: [`Lane`], what it holds, and its status and metrics snapshot;
 //! - [`recipe`]: what a lane is made from ([`LaneRecipe`], [`Setup`]);
 //! - [`query`]: one query on one lane, end to end;
+//! - [`alone`]: a query on a connection of its own;
 //! - [`retry`]: the one rule for running again what never ran;
 //! - [`quota`]: the atomic batches that may run at once;
 //! - [`housekeeping`]: the lane's 100 ms tick;
 //! - [`catalog`]: the lane's view of its database's catalog.
 
+mod alone;
 pub(crate) mod catalog;
 pub(crate) mod housekeeping;
 pub(crate) mod query;

@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 use tokio_postgres::types::ToSql;
 
 use super::Lane;
+use super::alone;
 use super::housekeeping;
 use super::retry::Retries;
 use crate::answer::{Op, Reply};
 use crate::config::SessionCleanup;
+use crate::conn::budget::stopped_by_budget;
 use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
-use crate::exclusive::Holder;
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::Code;
 use crate::shared::costs::{CostKey, Costs};
@@ -141,14 +142,23 @@ async fn one(
         }
         Err(error) => Err(error),
     };
-    let result = match clean {
+    let cost = pool.config().pipelining.then(|| Cost::of(pool, sql, slow));
+    let result = match (clean, cost) {
+        // What must not share a pipeline: on a connection of its own.
+        // Boxed, as the path without pipelining below.
+        (Ok(clean), Some(cost)) if cost.alone => {
+            let deadline = pool.config().query_timeout;
+            Box::pin(alone::run_alone(
+                pool, sql, params, op, clean, waiting, deadline,
+            ))
+            .await
+        }
         // The shared path, inline: see `run`.
-        Ok(clean) if pool.config().pipelining => {
+        (Ok(clean), Some(cost)) => {
             let router = pool.router();
             let settings = pool.run_settings();
-            let cost = Cost::of(pool, sql, slow);
             let mut retries = Retries::default();
-            loop {
+            let shared = loop {
                 let place = router.reserve(cost.is_slow()).await;
                 // One clock read ends the wait and starts the run's cost.
                 let admitted = (waiting.is_some() || cost.learns()).then(Instant::now);
@@ -158,12 +168,16 @@ async fn one(
                 }
                 let place = match place {
                     Ok(place) => place,
-                    Err(error) => break Err(error),
+                    Err(error) => break Shared::Done(Err(error)),
                 };
                 trace.admitted(place.ahead, waiting);
                 router.batch_window(&place).await;
                 let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
                 let conn = &place.conn;
+                // Under the head-of-line budget, when it was sent: the
+                // server's clock starts later.
+                let sent =
+                    admitted.or_else(|| conn.state().session.budget().map(|_| Instant::now()));
                 let prepare = Prepare::Spawned(conn);
                 let target = conn.conn().target();
                 let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
@@ -201,15 +215,37 @@ async fn one(
                     // Never sent: run it on another connection. Once sent,
                     // never again.
                     Err(e) if e.is_unsent() && retries.take_unsent() => {}
-                    result => break result,
+                    // Stopped by the server at the head-of-line budget:
+                    // nothing it did committed. Its place is freed here,
+                    // before it waits for a connection of its own.
+                    Err(e)
+                        if sent.is_some_and(|sent| {
+                            stopped_by_budget(&e, conn.state(), sent.elapsed())
+                        }) =>
+                    {
+                        break Shared::Stopped(sent.map_or(Duration::ZERO, |sent| sent.elapsed()));
+                    }
+                    result => break Shared::Done(result),
+                }
+            };
+            match shared {
+                Shared::Done(result) => result,
+                Shared::Stopped(ran_for) => {
+                    Box::pin(evicted(pool, sql, params, op, clean, cost, ran_for)).await
                 }
             }
         }
         // Boxed: a pool takes the path without pipelining always or never;
         // carried inline, its state would size every pipelined query's
         // future.
-        Ok(clean) => Box::pin(run_alone_counted(pool, sql, params, op, clean, waiting)).await,
-        Err(error) => Err(error),
+        (Ok(clean), None) => {
+            let deadline = pool.config().query_timeout;
+            Box::pin(alone::run_alone(
+                pool, sql, params, op, clean, waiting, deadline,
+            ))
+            .await
+        }
+        (Err(error), _) => Err(error),
     };
     if let Some(counting) = counting {
         counting.finish(result.as_ref().map(drop));
@@ -227,6 +263,46 @@ async fn one(
         }
     }
     result
+}
+
+/// How a query on the shared path ended.
+enum Shared {
+    /// With its answer or its error.
+    Done(Result<Reply, Error>),
+    /// Stopped by the server at the head-of-line budget, after running this
+    /// long: it runs again on a connection of its own.
+    Stopped(Duration),
+}
+
+/// Runs a query the server stopped at the head-of-line budget again, on a
+/// connection of its own, within what is left of its `query_timeout`, and
+/// remembers it: its next runs go there from the start. The caller sees
+/// latency, not an error.
+async fn evicted(
+    pool: &Arc<Lane>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    clean: bool,
+    cost: Cost,
+    ran_for: Duration,
+) -> Result<Reply, Error> {
+    if let Some(key) = cost.key {
+        pool.router().costs().block(key);
+    }
+    if let Some(metrics) = pool.metrics() {
+        metrics.wire.evicted.inc();
+    }
+    let left = pool
+        .config()
+        .query_timeout
+        .map(|t| t.saturating_sub(ran_for));
+    if left.is_some_and(|left| left.is_zero()) {
+        return Err(Error::query_timeout_stopped(
+            "the server stopped it at the head-of-line budget, and its deadline passed",
+        ));
+    }
+    alone::run_alone(pool, sql, params, op, clean, None, left).await
 }
 
 /// Admits `sql` to the lane: the guard's verdict, the pool open, the
@@ -248,25 +324,6 @@ fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<bool>, Er
         return Ok(None);
     }
     Ok(Some(needs_cleanup(pool, code)))
-}
-
-/// A query on a connection of its own (pipelining off). Boxed by its
-/// caller: the query future is moved through every layer above it, and
-/// carrying the checkout's and this path's state inline made the pipelined
-/// query's future larger for a path a pool either always or never takes.
-async fn run_alone_counted(
-    pool: &Arc<Lane>,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-    op: Op,
-    clean: bool,
-    waiting: Option<Instant>,
-) -> Result<Reply, Error> {
-    let conn = pool.checkout(Holder::Pool).await;
-    pool.waited(waiting);
-    let conn = conn?;
-    let target = conn.pg_conn().target();
-    run::run_alone(target, sql, params, op, pool.run_settings(), clean).await
 }
 
 /// Whether the session is cleaned right behind this query (see
@@ -322,34 +379,54 @@ impl Alone {
 }
 
 /// What head-of-line-aware routing knows of one query: where its cost is
-/// learned, whether it is slow, and whether this run is timed (see
-/// [`Costs::times`]). `None` with the feature off.
+/// learned (with `slow_query_threshold` or the head-of-line budget on),
+/// whether it must run alone (marked slow, or stopped at the budget
+/// before), whether it is learned to be slow, and whether this run is timed
+/// (see [`Costs::times`]).
 #[derive(Clone, Copy)]
-struct Cost(Option<(CostKey, bool, bool)>);
+struct Cost {
+    key: Option<CostKey>,
+    alone: bool,
+    slow: bool,
+    timed: bool,
+}
 
 impl Cost {
     #[inline]
     fn of(pool: &Lane, sql: &str, slow: bool) -> Cost {
-        Cost(pool.config().slow_query_threshold.map(|threshold| {
-            let key = Costs::key(sql);
-            let costs = pool.router().costs();
-            (key, slow || costs.is_slow(key, threshold), costs.times(key))
-        }))
+        let config = pool.config();
+        let threshold = config.slow_query_threshold;
+        if threshold.is_none() && config.head_of_line_budget.is_none() {
+            return Cost {
+                key: None,
+                alone: slow,
+                slow,
+                timed: false,
+            };
+        }
+        let key = Costs::key(sql);
+        let costs = pool.router().costs();
+        Cost {
+            key: Some(key),
+            alone: slow || costs.is_blocked(key),
+            slow: slow || threshold.is_some_and(|t| costs.is_slow(key, t)),
+            timed: threshold.is_some() && costs.times(key),
+        }
     }
 
     fn is_slow(self) -> bool {
-        self.0.is_some_and(|(_, slow, _)| slow)
+        self.slow
     }
 
     /// Whether this run is timed.
     fn learns(self) -> bool {
-        self.0.is_some_and(|(_, _, timed)| timed)
+        self.timed
     }
 
     /// Records the run, from admission to answer, if it is timed.
     #[inline]
     fn learn(self, costs: &Costs, admitted: Option<Instant>) {
-        if let (Some((key, _, true)), Some(admitted)) = (self.0, admitted) {
+        if let (Some(key), true, Some(admitted)) = (self.key, self.timed, admitted) {
             costs.observe(key, admitted.elapsed());
         }
     }

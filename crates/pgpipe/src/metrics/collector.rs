@@ -195,6 +195,7 @@ pub(crate) fn register(
         Box::new(metrics.wire.syncs_saved.clone()),
         Box::new(metrics.wire.group_size.clone()),
         Box::new(metrics.wire.resent.clone()),
+        Box::new(metrics.wire.evicted.clone()),
     ];
     if build_info {
         collectors.push(Box::new(build));

@@ -233,6 +233,13 @@ impl Metrics {
                      run again (they had not run).",
                     pool,
                 ))?,
+                evicted: IntCounter::with_opts(opts(
+                    "head_of_line_evicted_total",
+                    "Statements the server stopped at the head-of-line budget on a shared \
+                     connection (nothing they did committed), run again on a connection of \
+                     their own; their next runs go there from the start.",
+                    pool,
+                ))?,
                 quarantined: children(
                     &quarantined_vec,
                     QuarantineReason::ALL,

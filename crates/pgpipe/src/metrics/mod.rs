@@ -49,6 +49,9 @@ pub(crate) struct WireMetrics {
     pub(crate) syncs_saved: IntCounter,
     pub(crate) group_size: Histogram,
     pub(crate) resent: IntCounter,
+    /// Statements the server stopped at the head-of-line budget on a shared
+    /// connection, run again on a connection of their own.
+    pub(crate) evicted: IntCounter,
     quarantined: Box<[IntCounter]>,
 }
 

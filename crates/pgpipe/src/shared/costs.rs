@@ -26,14 +26,20 @@
 //! query still goes to the one with the least slow work, so slow queries
 //! keep their throughput.
 //!
+//! - **Blocked once.** A statement the server stopped at the head-of-line
+//!   budget (conn/budget.rs) is remembered for as long as its entry holds
+//!   it ([`Costs::block`]): its next runs go to a connection of their own.
+//!
 //! The table is lossy: 4096 entries by (Fx)hash of the SQL text, no locks,
 //! no allocation. Two statements in one entry share the faster one's minimum,
 //! so a collision can hide a slow statement (the overdue signal remains),
-//! never make a fast one look slow.
+//! never make a fast one look slow. A blocked entry keeps the whole hash: a
+//! collision forgets the statement blocked before (it is stopped once
+//! more), never sends another one away.
 
 use std::cell::Cell;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Entries in the table (a power of two: the hash is taken modulo it).
@@ -49,11 +55,21 @@ pub(crate) struct Costs {
     current: Box<[AtomicU32]>,
     previous: Box<[AtomicU32]>,
     floor: [AtomicU32; 2],
+    /// The whole hash of the statement last blocked in each entry (0:
+    /// none).
+    blocked: Box<[AtomicU64]>,
 }
 
-/// Where a statement's runs are kept in [`Costs`].
+/// Where a statement's runs are kept in [`Costs`]: its SQL text's hash.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct CostKey(usize);
+pub(crate) struct CostKey(u64);
+
+impl CostKey {
+    #[inline]
+    fn slot(self) -> usize {
+        (self.0 % ENTRIES as u64) as usize
+    }
+}
 
 impl Default for Costs {
     fn default() -> Costs {
@@ -62,6 +78,7 @@ impl Default for Costs {
             current: none(),
             previous: none(),
             floor: [AtomicU32::new(NONE), AtomicU32::new(NONE)],
+            blocked: (0..ENTRIES).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 }
@@ -71,14 +88,27 @@ impl Costs {
     pub(crate) fn key(sql: &str) -> CostKey {
         let mut hasher = rustc_hash::FxHasher::default();
         sql.hash(&mut hasher);
-        CostKey(hasher.finish() as usize % ENTRIES)
+        // Never 0, which marks an empty blocked entry.
+        CostKey(hasher.finish().max(1))
+    }
+
+    /// Remembers that the server stopped the statement of `key` at the
+    /// head-of-line budget: its next runs never share a pipeline.
+    pub(crate) fn block(&self, key: CostKey) {
+        self.blocked[key.slot()].store(key.0, Ordering::Relaxed);
+    }
+
+    /// Whether the statement of `key` was stopped at the budget before.
+    #[inline]
+    pub(crate) fn is_blocked(&self, key: CostKey) -> bool {
+        self.blocked[key.slot()].load(Ordering::Relaxed) == key.0
     }
 
     /// Whether the statement's fastest recent run is `threshold` above the
     /// fastest run of any statement.
     #[inline]
     pub(crate) fn is_slow(&self, key: CostKey, threshold: Duration) -> bool {
-        let fastest = min_of(&self.current[key.0], &self.previous[key.0]);
+        let fastest = min_of(&self.current[key.slot()], &self.previous[key.slot()]);
         if fastest == NONE {
             return false;
         }
@@ -105,7 +135,7 @@ impl Costs {
     #[inline]
     pub(crate) fn times(&self, key: CostKey) -> bool {
         thread_local!(static DRAW: Cell<u32> = const { Cell::new(0x9E37_79B9) });
-        self.current[key.0].load(Ordering::Relaxed) == NONE
+        self.current[key.slot()].load(Ordering::Relaxed) == NONE
             || DRAW.with(|draw| {
                 let mut x = draw.get();
                 x ^= x << 13;
@@ -121,7 +151,7 @@ impl Costs {
     #[inline]
     pub(crate) fn observe(&self, key: CostKey, took: Duration) {
         let micros = took.as_micros().min(u128::from(NONE - 1)) as u32;
-        lower(&self.current[key.0], micros);
+        lower(&self.current[key.slot()], micros);
         lower(&self.floor[0], micros);
     }
 
@@ -207,6 +237,24 @@ mod tests {
             }
         }
         assert!(timed.iter().all(|&n| (60..200).contains(&n)), "{timed:?}");
+    }
+
+    #[test]
+    fn a_blocked_statement_is_remembered_across_windows_and_only_it() {
+        let costs = Costs::default();
+        let (update, echo) = (Costs::key("UPDATE t SET v = 1"), Costs::key("SELECT 1"));
+        assert!(!costs.is_blocked(update));
+        costs.block(update);
+        for _ in 0..3 {
+            costs.rotate();
+        }
+        assert!(costs.is_blocked(update));
+        assert!(!costs.is_blocked(echo));
+        // Another statement in the same entry takes it over, and is the
+        // only one sent away.
+        let same_slot = CostKey(update.0.wrapping_add(ENTRIES as u64));
+        costs.block(same_slot);
+        assert!(costs.is_blocked(same_slot) && !costs.is_blocked(update));
     }
 
     #[test]

@@ -151,11 +151,17 @@ impl Router {
     }
 
     /// Readies a connection from deadpool for sharing (deadpool's recycle
-    /// already reset whatever session its last user left). `None` when it is
+    /// already reset whatever session its last user left), under the
+    /// head-of-line budget. `None` when it is
     /// no longer wanted (an exclusive user claimed the room meanwhile).
     async fn make_shared(&self, object: Object<Manager>) -> Result<Option<Arc<SharedConn>>, Error> {
         if self.conns.load().len() >= self.shared_limit() {
             return Ok(None); // dropping it hands it to the waiting get()
+        }
+        // Before any query shares it: the server bounds how long one
+        // statement holds the others (conn/budget.rs).
+        if let Some(budget) = self.config.head_of_line_budget {
+            object.apply_budget(budget).await?;
         }
         Ok(Some(Arc::new(SharedConn::new(object, self.wire.ticks()))))
     }

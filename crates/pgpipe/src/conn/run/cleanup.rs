@@ -12,6 +12,7 @@ use tokio_postgres::SimpleQueryMessage;
 use super::{Limits, Prepared, Target, Usable, send};
 use crate::answer::{Op, Reply};
 use crate::conn::SESSION_CLEANUP;
+use crate::conn::budget::{budget_ms, budget_sql};
 use crate::conn::params::Params;
 use crate::error::Error;
 use crate::metrics::QuarantineReason;
@@ -96,16 +97,22 @@ pub(crate) async fn clean_session(target: Target<'_>) {
         )
     });
     let with_hook;
-    let cleanup = match target.state.traits.after_connect() {
-        // The pool's own set-up, again, before the count.
-        Some(after) => {
+    let budget = target.state.session.budget().map(budget_ms);
+    let cleanup = match (target.state.traits.after_connect(), budget) {
+        (None, None) => &*CLEANUP,
+        // The pool's own set-up and the head-of-line budget (`RESET ALL`
+        // undid it), again, before the count.
+        (after, budget) => {
             with_hook = format!(
-                "{SESSION_CLEANUP}; {after}; SELECT count(*) FROM \
-                 pg_catalog.pg_prepared_statements WHERE from_sql"
+                "{SESSION_CLEANUP}; {}{}SELECT count(*) FROM \
+                 pg_catalog.pg_prepared_statements WHERE from_sql",
+                after.map(|a| format!("{a}; ")).unwrap_or_default(),
+                budget
+                    .map(|ms| format!("{}; ", budget_sql(ms)))
+                    .unwrap_or_default(),
             );
             &with_hook
         }
-        None => &*CLEANUP,
     };
     let clean = match target.client.simple_query(cleanup).await {
         Ok(messages) => {

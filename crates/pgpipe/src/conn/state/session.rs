@@ -9,7 +9,8 @@
 //! the reset. Read by recycling (roll back? reset?), the query runner (is a
 //! transaction open? quarantined before this query went out?) and the router.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::time::Duration;
 
 use crate::metrics::QuarantineReason;
 
@@ -24,6 +25,9 @@ pub(crate) struct Session {
     /// Why the connection was quarantined ([`QuarantineReason`] + 1), if it
     /// was.
     quarantined: AtomicU8,
+    /// The head-of-line budget the server enforces in this session, in
+    /// milliseconds (its `statement_timeout`, set by the pool); 0 for none.
+    budget_ms: AtomicU32,
 }
 
 impl Session {
@@ -75,10 +79,30 @@ impl Session {
         }
     }
 
-    /// The session was reset: clean again.
+    /// The session was reset: clean again, and its `statement_timeout`
+    /// back to its default.
     #[inline]
     pub(in crate::conn) fn cleaned(&self) {
         self.needs_reset.store(false, Ordering::Release);
         self.quarantined.store(0, Ordering::Release);
+        self.budget_ms.store(0, Ordering::Release);
+    }
+
+    /// The head-of-line budget the server enforces on this session's
+    /// statements, if the pool set one (see
+    /// [`PgConn::apply_budget`](crate::conn::PgConn::apply_budget)).
+    #[inline]
+    pub(crate) fn budget(&self) -> Option<Duration> {
+        match self.budget_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(Duration::from_millis(u64::from(ms))),
+        }
+    }
+
+    /// The server now stops this session's statements after `ms`
+    /// milliseconds (0: the pool set nothing).
+    #[inline]
+    pub(in crate::conn) fn set_budget(&self, ms: u32) {
+        self.budget_ms.store(ms, Ordering::Release);
     }
 }

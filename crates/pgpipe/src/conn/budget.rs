@@ -1,0 +1,71 @@
+//! The head-of-line budget: a `statement_timeout` that the server enforces
+//! in a shared connection's session, so that no statement holds the
+//! queries pipelined behind it for longer (see
+//! [`PoolConfig::head_of_line_budget`](crate::PoolConfig::head_of_line_budget)).
+//!
+//! The server is the one that stops the statement: its implicit transaction
+//! rolls back, so nothing it did commits, and the statements behind it (each
+//! with a `Sync` of its own) run on. No cancel request is sent, so none can
+//! land on the next statement.
+
+use std::time::Duration;
+
+use tokio_postgres::SimpleQueryMessage;
+use tokio_postgres::error::SqlState;
+
+use super::PgConn;
+use super::state::ConnState;
+use super::state::held::POOL_OWN;
+use crate::error::Error;
+
+/// Sets the session's `statement_timeout` to `ms`, unless the session's
+/// own (the role's, the database's, the start-up packet's) is already
+/// shorter: the server decides, in one statement, and answers a row only
+/// when it took the budget.
+pub(crate) fn budget_sql(ms: u32) -> String {
+    format!(
+        "{POOL_OWN}SELECT pg_catalog.set_config('statement_timeout', '{ms}', false) \
+         FROM pg_catalog.pg_settings WHERE name = 'statement_timeout' \
+         AND (setting::int8 = 0 OR setting::int8 > {ms})"
+    )
+}
+
+/// The budget in whole milliseconds, as PostgreSQL keeps it (validated to
+/// fit an `int`).
+pub(crate) fn budget_ms(budget: Duration) -> u32 {
+    u32::try_from(budget.as_millis().max(1)).unwrap_or(i32::MAX as u32)
+}
+
+impl PgConn {
+    /// Makes the server enforce `budget` on this session's statements, and
+    /// notes whether it does (a shorter `statement_timeout` of the session's
+    /// own wins, and is then the caller's own limit, not the pool's).
+    pub(crate) async fn apply_budget(&self, budget: Duration) -> Result<(), Error> {
+        let ms = budget_ms(budget);
+        let answers = self
+            .client
+            .simple_query(&budget_sql(ms))
+            .await
+            .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        let took = answers
+            .iter()
+            .any(|m| matches!(m, SimpleQueryMessage::Row(_)));
+        // The session may carry the setting: reset before an exclusive user.
+        self.state.session.mark_needs_reset();
+        self.state.session.set_budget(if took { ms } else { 0 });
+        Ok(())
+    }
+}
+
+/// Whether `error` is the server stopping a statement at the budget of its
+/// session: `57014` on a session whose `statement_timeout` is the pool's,
+/// and at least the budget after the statement was sent (the server's clock
+/// starts when it reads the statement, after the send). A cancel from
+/// elsewhere that lands before the budget is the caller's own error.
+pub(crate) fn stopped_by_budget(error: &Error, state: &ConnState, ran_for: Duration) -> bool {
+    error.code() == Some(&SqlState::QUERY_CANCELED)
+        && state
+            .session
+            .budget()
+            .is_some_and(|budget| ran_for >= budget)
+}

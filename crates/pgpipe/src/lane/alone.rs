@@ -1,0 +1,71 @@
+//! A query on a connection of its own, taken from the lane's exclusive
+//! side: always with pipelining off; with it on, for what must never have
+//! another task's query pipelined behind it (a query run through
+//! [`Pool::slow`](crate::Pool::slow), a statement the server once stopped
+//! at the head-of-line budget, and that statement's run again).
+//!
+//! With pipelining on and a `query_timeout`, the deadline is the server's
+//! too: the query's `statement_timeout` is set to what is left of it, in
+//! the same write as the query, so that a query past its deadline is
+//! stopped by the server (nothing it did commits, and it never runs later)
+//! rather than raced by a cancel request. The client's own deadline stays,
+//! a little later, for a server or network that does not answer.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_postgres::types::ToSql;
+
+use super::Lane;
+use crate::answer::{Op, Reply};
+use crate::conn::budget::stopped_by_budget;
+use crate::conn::run::{self, RunSettings, both_in_order};
+use crate::error::Error;
+use crate::exclusive::Holder;
+
+/// How much later than the server's deadline the client gives up on an
+/// answer (a stalled network, a frozen server), and cancels.
+const BACKSTOP: Duration = Duration::from_millis(500);
+
+/// Runs `sql` on a connection of its own, within `deadline` (what is left
+/// of the caller's `query_timeout`); `waiting` is when the caller started
+/// waiting, for the metrics. With `server_deadline`, the server enforces
+/// the deadline (see the module).
+pub(super) async fn run_alone(
+    pool: &Arc<Lane>,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+    op: Op,
+    clean: bool,
+    waiting: Option<Instant>,
+    deadline: Option<Duration>,
+) -> Result<Reply, Error> {
+    let conn = pool.checkout(Holder::Pool).await;
+    pool.waited(waiting);
+    let conn = conn?;
+    let pg = conn.pg_conn();
+    let target = pg.target();
+    let settings = RunSettings {
+        query_timeout: deadline,
+        ..pool.run_settings()
+    };
+    let Some(deadline) = deadline.filter(|_| pool.config().pipelining) else {
+        return run::run_alone(target, sql, params, op, settings, clean).await;
+    };
+    let settings = RunSettings {
+        query_timeout: Some(deadline + BACKSTOP),
+        ..settings
+    };
+    let started = Instant::now();
+    let (set, result) = both_in_order(
+        pg.apply_budget(deadline),
+        run::run_alone(target, sql, params, op, settings, clean),
+    )
+    .await;
+    match result {
+        Err(e) if set.is_ok() && stopped_by_budget(&e, &pg.state, started.elapsed()) => Err(
+            Error::query_timeout_stopped("the server stopped it at its deadline"),
+        ),
+        result => result,
+    }
+}
