@@ -32,6 +32,18 @@ fn evicted(registry: &Registry) -> f64 {
     Scrape::of(registry).value("pgpipe_head_of_line_evicted_total", &[])
 }
 
+/// Waits until the budget has stopped `n` statements (bounded by [`STUCK`]).
+async fn until_evicted(registry: &Registry, n: f64) {
+    let deadline = std::time::Instant::now() + STUCK;
+    while evicted(registry) < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never stopped at the budget"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// `n` echo queries from 16 tasks, each answer checked; fails past
 /// [`STUCK`].
 async fn echoes(pool: &Pool, n: i64) {
@@ -51,9 +63,12 @@ async fn echoes(pool: &Pool, n: i64) {
             task.await.unwrap();
         }
     };
-    tokio::time::timeout(STUCK, all)
-        .await
-        .expect("echo queries stuck behind a statement waiting on a lock");
+    if tokio::time::timeout(STUCK, all).await.is_err() {
+        panic!(
+            "echo queries stuck behind a statement waiting on a lock: {:?}",
+            pool.status()
+        );
+    }
 }
 
 /// Waits until a backend of the server runs `like` and waits on a lock.
@@ -99,10 +114,13 @@ async fn a_row_lock_wait_stalls_no_neighbour_and_the_write_runs_once() {
     };
     let watcher = admin().await;
     until_waiting_on_lock(&watcher, &update).await;
-    // While the row is still held, the neighbours are answered.
+    // While the row is still held, the neighbours are answered, during its
+    // first run and after the server stopped it.
+    echoes(&pool, 512).await;
+    until_evicted(&registry, 1.0).await;
+    until_waiting_on_lock(&watcher, &update).await;
     echoes(&pool, 512).await;
     assert!(!write.is_finished(), "the write waits for the row");
-    until_waiting_on_lock(&watcher, &update).await;
     assert_eq!(evicted(&registry), 1.0, "stopped once at the budget");
     holder.batch_execute("COMMIT").await.unwrap();
     assert_eq!(write.await.unwrap().unwrap(), 1);

@@ -15,11 +15,15 @@ use crate::support::{app, builder, settle};
 
 const FAST: &str = "SELECT $1::int8, pg_backend_pid()";
 
+/// With `threshold` `None`, head-of-line awareness is off altogether: no
+/// learned slowness and no budget (blocking.rs tests the budget).
 fn pool(test: &str, threshold: Option<Duration>) -> Pool {
+    let budget = threshold.map(|_| Duration::from_millis(100));
     builder(&app(test))
         .max_size(4)
         .pipelining(true)
         .slow_query_threshold(threshold)
+        .head_of_line_budget(budget)
         .build()
         .unwrap()
 }

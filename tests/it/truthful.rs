@@ -111,10 +111,14 @@ async fn atomic_batches_forget_a_stale_plan() {
 async fn a_query_timeout_says_the_query_may_have_run() {
     let table = table("(a int)").await;
     let registry = Registry::new();
+    // The budget off: a deadline the client keeps alone. With the budget
+    // (the default), the server stops the statement and says it did not
+    // run: blocking.rs.
     let pool = builder(&app("truth_timeout"))
         .max_size(1)
         .max_exclusive(1)
         .pipelining(true)
+        .head_of_line_budget(None)
         .query_timeout(Duration::from_millis(200))
         .registry(&registry)
         .build()
@@ -168,10 +172,13 @@ async fn a_query_timeout_says_the_query_may_have_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_timeout_says_the_query_never_ran() {
     let registry = Registry::new();
+    // The budget off: the busy statement must hold the one connection
+    // (blocking.rs tests the budget).
     let pool = builder(&app("truth_wait"))
         .max_size(1)
         .max_exclusive(1)
         .pipelining(true)
+        .head_of_line_budget(None)
         .max_pipeline_depth(1)
         .wait_timeout(Duration::from_millis(100))
         .registry(&registry)
@@ -345,6 +352,10 @@ async fn fast_queries_are_not_stranded_when_no_connection_can_be_opened() {
         .max_exclusive(1)
         .pipelining(true)
         .wait_timeout(Duration::from_secs(1))
+        // The budget off: the slow statement must stay on the one shared
+        // connection there is (with it, it would need a second, which
+        // the role cannot open).
+        .head_of_line_budget(None)
         .build()
         .unwrap();
     let user: String = pool
@@ -356,7 +367,7 @@ async fn fast_queries_are_not_stranded_when_no_connection_can_be_opened() {
     // Longer than wait_timeout: a query stranded in the queue times out.
     let slow = {
         let pool = pool.clone();
-        tokio::spawn(async move { pool.slow().query("SELECT pg_sleep(2.5)", &[]).await })
+        tokio::spawn(async move { pool.query("SELECT pg_sleep(2.5)", &[]).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     // Routing would rather open a connection than queue behind the slow

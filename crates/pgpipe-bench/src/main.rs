@@ -6,6 +6,7 @@
 //! cargo run --release -p pgpipe-bench -- --quick      # about a minute
 //! cargo run --release -p pgpipe-bench -- --full       # the whole sweep
 //! cargo run --release -p pgpipe-bench -- --quick --smoke   # seconds; CI
+//! cargo run --release -p pgpipe-bench -- --faults --rounds 3   # issue #42
 //! ```
 //!
 //! The server comes from `DATABASE_URL` (default
@@ -15,6 +16,7 @@
 //! (`--chart`). `--help` lists every option.
 
 mod cell;
+mod faults;
 mod fleet;
 mod measure;
 mod pgbench;
@@ -112,6 +114,10 @@ async fn run_plan(plan: Plan, args: Vec<String>) -> ExitCode {
             .map_err(|e| e.to_string().into())
     } else if plan.replicas {
         replicas::run(&plan).await
+    } else if plan.faults {
+        faults::run(&plan, &server.url)
+            .await
+            .map_err(|e| e.to_string().into())
     } else {
         run(&plan, &server, &args).await
     };

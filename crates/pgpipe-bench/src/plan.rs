@@ -33,6 +33,11 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      front of each: read throughput through pool.read() with 0, 1 and 2
                      standbys, and execute_tracked's cost per write (--delays-us, --tasks,
                      --rounds, --duration apply)
+  --faults           a blocked and a slow statement under 64 echo tasks: a held row lock,
+                     pg_sleep(1) every 2 s through query and through slow(), against
+                     deadpool-postgres (4, 16) and a shared client: echo p99, p99.9, max,
+                     calls over 100 ms and 1 s, q/s during the fault (--rounds and
+                     --duration, the seconds after the fault, apply)
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
   --workers N        tokio worker threads for every target (default: one per core; with
@@ -64,6 +69,8 @@ pub(crate) struct Plan {
     pub(crate) pgbouncer: bool,
     /// The `--replicas` tables instead of the comparison.
     pub(crate) replicas: bool,
+    /// The `--faults` table (issue #42) instead of the comparison.
+    pub(crate) faults: bool,
     pub(crate) smoke: bool,
     pub(crate) out: PathBuf,
     pub(crate) chart: PathBuf,
@@ -94,6 +101,7 @@ impl Plan {
             pgbench: Some(Duration::from_secs(2)),
             pgbouncer: false,
             replicas: false,
+            faults: false,
             smoke: false,
             out: PathBuf::from("bench-results/results.jsonl"),
             chart: PathBuf::from("bench-results/throughput.svg"),
@@ -168,6 +176,7 @@ impl Plan {
                     plan.targets = Kind::THROUGH_PGBOUNCER.to_vec();
                     plan.pgbench = None;
                 }
+                "--faults" => plan.faults = true,
                 "--replicas" => {
                     plan.replicas = true;
                     plan.tasks = vec![512];

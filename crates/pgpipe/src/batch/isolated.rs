@@ -2,9 +2,11 @@
 //! pipeline (several, past `max_pipeline_depth`), and each fails alone.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Batch, BatchResults};
 use crate::answer::{Answer, Reply};
+use crate::conn::budget::stopped_by_budget;
 use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
@@ -13,6 +15,7 @@ use crate::lane::Lane;
 use crate::lane::retry::Retries;
 use crate::lane::{housekeeping, query};
 use crate::ordered::{each_in_order, join_in_order};
+use crate::shared::costs::Costs;
 
 impl Batch<'_> {
     pub(super) async fn run_isolated(&self, inner: &Arc<Lane>) -> Result<BatchResults, Error> {
@@ -40,7 +43,9 @@ impl Batch<'_> {
                 return Err(Error::closed());
             }
             housekeeping::start(inner);
-            if inner.config().pipelining {
+            // An item the server once stopped at the head-of-line budget
+            // takes the batch to a connection of its own.
+            if inner.config().pipelining && !self.blocked_before(inner) {
                 self.run_shared(inner, &pending, clean, &mut results)
                     .await?;
             } else {
@@ -117,12 +122,14 @@ impl Batch<'_> {
                     clean,
                     &mut out,
                 );
+                let sent = target.state.session.budget().map(|b| (Instant::now(), b));
                 if run::within_deadline(deadline, target, || round, || router.late(&conn))
                     .await
                     .is_err()
                 {
                     time_out(&mut out);
                 }
+                self.block_stopped(inner, indices, &out, sent);
                 let lost = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionLost);
                 if out.iter().any(lost) {
                     router.retire(&conn);
@@ -154,6 +161,30 @@ impl Batch<'_> {
             }
             retries.note_skipped_round();
             pending = again;
+        }
+    }
+
+    /// Remembers the items of a round that the server stopped at the
+    /// head-of-line budget. Each fails with its `57014` (nothing it did
+    /// committed): the items behind it ran, so running it again would
+    /// reorder the batch; the next batch with it runs on a connection of its
+    /// own.
+    fn block_stopped(
+        &self,
+        inner: &Lane,
+        indices: &[usize],
+        out: &[Option<Result<Answer, Error>>],
+        sent: Option<(Instant, Duration)>,
+    ) {
+        for (i, result) in indices.iter().zip(out) {
+            if let Some(Err(e)) = result {
+                if stopped_by_budget(e, sent) {
+                    inner.router().costs().block(Costs::key(self.items[*i].sql));
+                    if let Some(metrics) = inner.metrics() {
+                        metrics.wire.evicted.inc();
+                    }
+                }
+            }
         }
     }
 

@@ -18,6 +18,7 @@ use crate::hosts::Hosts;
 use crate::hosts::dispatch::{self, Work};
 use crate::lane::Lane;
 use crate::metrics::Mode;
+use crate::shared::costs::Costs;
 use crate::target::Consistency;
 use std::sync::Arc;
 
@@ -88,6 +89,17 @@ impl<'a> Batch<'a> {
             atomic,
             read: None,
             unit: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether the server stopped one of its items at the head-of-line
+    /// budget before: the batch then runs on a connection of its own.
+    pub(crate) fn blocked_before(&self, inner: &Lane) -> bool {
+        inner.config().head_of_line_budget.is_some() && {
+            let costs = inner.router().costs();
+            self.items
+                .iter()
+                .any(|item| costs.is_blocked(Costs::key(item.sql)))
         }
     }
 

@@ -76,17 +76,6 @@ impl Batch<'_> {
             .any(|item| costs.is_slow(Costs::key(item.sql), threshold))
     }
 
-    /// Whether the server stopped one of its items at the head-of-line
-    /// budget before: the batch then runs on a connection of its own.
-    pub(super) fn blocked_before(&self, inner: &Lane) -> bool {
-        inner.config().head_of_line_budget.is_some() && {
-            let costs = inner.router().costs();
-            self.items
-                .iter()
-                .any(|item| costs.is_blocked(Costs::key(item.sql)))
-        }
-    }
-
     /// Runs the batch as one unit of a shared connection's pipeline; `None`
     /// when the server stopped an item at the head-of-line budget (the
     /// transaction rolled back: nothing of it committed), so that it runs
@@ -99,7 +88,12 @@ impl Batch<'_> {
         let mut retries = Retries::default();
         loop {
             let mut place = router.reserve(slow).await?;
-            let sent = Instant::now();
+            let sent = place
+                .conn
+                .state()
+                .session
+                .budget()
+                .map(|b| (Instant::now(), b));
             place.extend(steps.len() as u64 - 1);
             let conn = Arc::clone(&place.conn);
             let target = Target {
@@ -182,8 +176,8 @@ impl Batch<'_> {
             if lost {
                 router.retire(&conn);
             }
-            let ran_for = sent.elapsed();
-            let stopped = |r: &Result<Option<_>, Error>| matches!(r, Err(e) if stopped_by_budget(e, target.state, ran_for));
+            let stopped =
+                |r: &Result<Option<_>, Error>| matches!(r, Err(e) if stopped_by_budget(e, sent));
             if answers.iter().any(stopped) {
                 let costs = router.costs();
                 for (item, _) in self

@@ -8,25 +8,25 @@
 //! with a `Sync` of its own) run on. No cancel request is sent, so none can
 //! land on the next statement.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::error::SqlState;
 
 use super::PgConn;
-use super::state::ConnState;
 use super::state::held::POOL_OWN;
 use crate::error::Error;
 
 /// Sets the session's `statement_timeout` to `ms`, unless the session's
-/// own (the role's, the database's, the start-up packet's) is already
-/// shorter: the server decides, in one statement, and answers a row only
-/// when it took the budget.
+/// own (`reset_val`: the role's, the database's, the start-up packet's) is
+/// already shorter, which then stays: the server decides, and answers a
+/// row only when it took the budget.
 pub(crate) fn budget_sql(ms: u32) -> String {
     format!(
-        "{POOL_OWN}SELECT pg_catalog.set_config('statement_timeout', '{ms}', false) \
+        "{POOL_OWN}RESET statement_timeout; \
+         SELECT pg_catalog.set_config('statement_timeout', '{ms}', false) \
          FROM pg_catalog.pg_settings WHERE name = 'statement_timeout' \
-         AND (setting::int8 = 0 OR setting::int8 > {ms})"
+         AND (reset_val::int8 = 0 OR reset_val::int8 > {ms})"
     )
 }
 
@@ -39,8 +39,9 @@ pub(crate) fn budget_ms(budget: Duration) -> u32 {
 impl PgConn {
     /// Makes the server enforce `budget` on this session's statements, and
     /// notes whether it does (a shorter `statement_timeout` of the session's
-    /// own wins, and is then the caller's own limit, not the pool's).
-    pub(crate) async fn apply_budget(&self, budget: Duration) -> Result<(), Error> {
+    /// own wins, and is then the caller's own limit, not the pool's). The
+    /// budget in force after it, for the statements sent right behind it.
+    pub(crate) async fn apply_budget(&self, budget: Duration) -> Result<Option<Duration>, Error> {
         let ms = budget_ms(budget);
         let answers = self
             .client
@@ -53,19 +54,31 @@ impl PgConn {
         // The session may carry the setting: reset before an exclusive user.
         self.state.session.mark_needs_reset();
         self.state.session.set_budget(if took { ms } else { 0 });
+        Ok(took.then_some(Duration::from_millis(u64::from(ms))))
+    }
+}
+
+impl PgConn {
+    /// Gives the session its own `statement_timeout` back (the pool's
+    /// budget off), for a statement that must run to its end on it.
+    pub(crate) async fn lift_budget(&self) -> Result<(), Error> {
+        self.client
+            .simple_query(&format!("{POOL_OWN}RESET statement_timeout"))
+            .await
+            .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        self.state.session.set_budget(0);
         Ok(())
     }
 }
 
 /// Whether `error` is the server stopping a statement at the budget of its
-/// session: `57014` on a session whose `statement_timeout` is the pool's,
-/// and at least the budget after the statement was sent (the server's clock
+/// session: `57014` for a statement `sent` (when, and under which budget:
+/// the one in force in wire order, taken when it was sent, not read from
+/// the record when its answer comes, which a later statement's may already
+/// have changed), at least the budget after it was sent (the server's clock
 /// starts when it reads the statement, after the send). A cancel from
 /// elsewhere that lands before the budget is the caller's own error.
-pub(crate) fn stopped_by_budget(error: &Error, state: &ConnState, ran_for: Duration) -> bool {
+pub(crate) fn stopped_by_budget(error: &Error, sent: Option<(Instant, Duration)>) -> bool {
     error.code() == Some(&SqlState::QUERY_CANCELED)
-        && state
-            .session
-            .budget()
-            .is_some_and(|budget| ran_for >= budget)
+        && sent.is_some_and(|(at, budget)| at.elapsed() >= budget)
 }

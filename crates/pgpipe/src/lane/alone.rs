@@ -25,7 +25,7 @@ use crate::exclusive::Holder;
 
 /// How much later than the server's deadline the client gives up on an
 /// answer (a stalled network, a frozen server), and cancels.
-const BACKSTOP: Duration = Duration::from_millis(500);
+pub(super) const BACKSTOP: Duration = Duration::from_millis(500);
 
 /// Runs `sql` on a connection of its own, within `deadline` (what is left
 /// of the caller's `query_timeout`); `waiting` is when the caller started
@@ -53,7 +53,7 @@ pub(super) async fn run_alone(
         return run::run_alone(target, sql, params, op, settings, clean).await;
     };
     let settings = RunSettings {
-        query_timeout: Some(deadline + BACKSTOP),
+        query_timeout: Some(deadline.saturating_add(BACKSTOP)),
         ..settings
     };
     let started = Instant::now();
@@ -62,10 +62,11 @@ pub(super) async fn run_alone(
         run::run_alone(target, sql, params, op, settings, clean),
     )
     .await;
+    let sent = set.ok().flatten().map(|budget| (started, budget));
     match result {
-        Err(e) if set.is_ok() && stopped_by_budget(&e, &pg.state, started.elapsed()) => Err(
-            Error::query_timeout_stopped("the server stopped it at its deadline"),
-        ),
+        Err(e) if stopped_by_budget(&e, sent) => Err(Error::query_timeout_stopped(
+            "the server stopped it at its deadline",
+        )),
         result => result,
     }
 }

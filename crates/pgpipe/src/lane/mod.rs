@@ -8,6 +8,8 @@
 //! - [`recipe`]: what a lane is made from ([`LaneRecipe`], [`Setup`]);
 //! - [`query`]: one query on one lane, end to end;
 //! - [`alone`]: a query on a connection of its own;
+//! - [`cost`]: what is known of a query's cost before it runs;
+//! - [`evict`]: a statement stopped at the head-of-line budget, run again;
 //! - [`retry`]: the one rule for running again what never ran;
 //! - [`quota`]: the atomic batches that may run at once;
 //! - [`housekeeping`]: the lane's 100 ms tick;
@@ -15,6 +17,8 @@
 
 mod alone;
 pub(crate) mod catalog;
+mod cost;
+mod evict;
 pub(crate) mod housekeeping;
 pub(crate) mod query;
 mod quota;

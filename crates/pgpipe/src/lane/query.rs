@@ -18,6 +18,8 @@ use tokio_postgres::types::ToSql;
 
 use super::Lane;
 use super::alone;
+use super::cost::Cost;
+use super::evict;
 use super::housekeeping;
 use super::retry::Retries;
 use crate::answer::{Op, Reply};
@@ -27,7 +29,6 @@ use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::Code;
-use crate::shared::costs::{CostKey, Costs};
 use crate::shared::{Place, SharedConn};
 use crate::trace::Trace;
 
@@ -174,10 +175,14 @@ async fn one(
                 router.batch_window(&place).await;
                 let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
                 let conn = &place.conn;
-                // Under the head-of-line budget, when it was sent: the
-                // server's clock starts later.
-                let sent =
-                    admitted.or_else(|| conn.state().session.budget().map(|_| Instant::now()));
+                // When it was sent (the server's clock starts later), under
+                // the head-of-line budget in force then, in wire order (the
+                // record may change before its answer is read).
+                let sent = conn
+                    .state()
+                    .session
+                    .budget()
+                    .map(|budget| (admitted.unwrap_or_else(Instant::now), budget));
                 let prepare = Prepare::Spawned(conn);
                 let target = conn.conn().target();
                 let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
@@ -216,22 +221,22 @@ async fn one(
                     // never again.
                     Err(e) if e.is_unsent() && retries.take_unsent() => {}
                     // Stopped by the server at the head-of-line budget:
-                    // nothing it did committed. Its place is freed here,
-                    // before it waits for a connection of its own.
-                    Err(e)
-                        if sent.is_some_and(|sent| {
-                            stopped_by_budget(&e, conn.state(), sent.elapsed())
-                        }) =>
-                    {
-                        break Shared::Stopped(sent.map_or(Duration::ZERO, |sent| sent.elapsed()));
+                    // nothing it did committed.
+                    Err(e) if stopped_by_budget(&e, sent) => {
+                        let ran_for = sent.map_or(Duration::ZERO, |(sent, _)| sent.elapsed());
+                        // Evicted with its connection: nothing new is
+                        // admitted behind it there.
+                        router.retire(conn);
+                        break Shared::Stopped(ran_for, place);
                     }
                     result => break Shared::Done(result),
                 }
             };
             match shared {
                 Shared::Done(result) => result,
-                Shared::Stopped(ran_for) => {
-                    Box::pin(evicted(pool, sql, params, op, clean, cost, ran_for)).await
+                Shared::Stopped(ran_for, place) => {
+                    let query = (sql, params, op);
+                    Box::pin(evict::evicted(pool, place, query, clean, cost.key, ran_for)).await
                 }
             }
         }
@@ -266,43 +271,13 @@ async fn one(
 }
 
 /// How a query on the shared path ended.
-enum Shared {
+enum Shared<'a> {
     /// With its answer or its error.
     Done(Result<Reply, Error>),
     /// Stopped by the server at the head-of-line budget, after running this
-    /// long: it runs again on a connection of its own.
-    Stopped(Duration),
-}
-
-/// Runs a query the server stopped at the head-of-line budget again, on a
-/// connection of its own, within what is left of its `query_timeout`, and
-/// remembers it: its next runs go there from the start. The caller sees
-/// latency, not an error.
-async fn evicted(
-    pool: &Arc<Lane>,
-    sql: &str,
-    params: &[&(dyn ToSql + Sync)],
-    op: Op,
-    clean: bool,
-    cost: Cost,
-    ran_for: Duration,
-) -> Result<Reply, Error> {
-    if let Some(key) = cost.key {
-        pool.router().costs().block(key);
-    }
-    if let Some(metrics) = pool.metrics() {
-        metrics.wire.evicted.inc();
-    }
-    let left = pool
-        .config()
-        .query_timeout
-        .map(|t| t.saturating_sub(ran_for));
-    if left.is_some_and(|left| left.is_zero()) {
-        return Err(Error::query_timeout_stopped(
-            "the server stopped it at the head-of-line budget, and its deadline passed",
-        ));
-    }
-    alone::run_alone(pool, sql, params, op, clean, None, left).await
+    /// long: it runs again alone on its connection, retired (see
+    /// [`evict`](super::evict)), whose place it still holds.
+    Stopped(Duration, Place<'a>),
 }
 
 /// Admits `sql` to the lane: the guard's verdict, the pool open, the
@@ -374,60 +349,6 @@ impl Alone {
             metrics
                 .saved
                 .alone(sent.elapsed(), Duration::from_nanos(woke));
-        }
-    }
-}
-
-/// What head-of-line-aware routing knows of one query: where its cost is
-/// learned (with `slow_query_threshold` or the head-of-line budget on),
-/// whether it must run alone (marked slow, or stopped at the budget
-/// before), whether it is learned to be slow, and whether this run is timed
-/// (see [`Costs::times`]).
-#[derive(Clone, Copy)]
-struct Cost {
-    key: Option<CostKey>,
-    alone: bool,
-    slow: bool,
-    timed: bool,
-}
-
-impl Cost {
-    #[inline]
-    fn of(pool: &Lane, sql: &str, slow: bool) -> Cost {
-        let config = pool.config();
-        let threshold = config.slow_query_threshold;
-        if threshold.is_none() && config.head_of_line_budget.is_none() {
-            return Cost {
-                key: None,
-                alone: slow,
-                slow,
-                timed: false,
-            };
-        }
-        let key = Costs::key(sql);
-        let costs = pool.router().costs();
-        Cost {
-            key: Some(key),
-            alone: slow || costs.is_blocked(key),
-            slow: slow || threshold.is_some_and(|t| costs.is_slow(key, t)),
-            timed: threshold.is_some() && costs.times(key),
-        }
-    }
-
-    fn is_slow(self) -> bool {
-        self.slow
-    }
-
-    /// Whether this run is timed.
-    fn learns(self) -> bool {
-        self.timed
-    }
-
-    /// Records the run, from admission to answer, if it is timed.
-    #[inline]
-    fn learn(self, costs: &Costs, admitted: Option<Instant>) {
-        if let (Some(key), true, Some(admitted)) = (self.key, self.timed, admitted) {
-            costs.observe(key, admitted.elapsed());
         }
     }
 }

@@ -1,0 +1,90 @@
+//! A statement the server stopped at the head-of-line budget on a shared
+//! connection: evicted with its connection, and run again there, alone.
+//!
+//! The connection is taken out of routing when the statement is stopped
+//! (the router opens another for new work), so nothing is admitted behind
+//! it; what was already pipelined there runs first, each within the
+//! budget. The statement then runs again with the session's own
+//! `statement_timeout` back (or, with a `query_timeout`, what is left of it,
+//! enforced by the server), and its connection goes back to deadpool, reset,
+//! when it is done. No second connection is needed: it works with
+//! `max_size(1)`, a role's connection limit reached, and a pool closing.
+
+use std::time::{Duration, Instant};
+
+use tokio_postgres::types::ToSql;
+
+use super::Lane;
+use super::alone::BACKSTOP;
+use crate::answer::{Op, Reply};
+use crate::conn::PgConn;
+use crate::conn::budget::stopped_by_budget;
+use crate::conn::run::{self, Late, Prepare, both_in_order};
+use crate::error::Error;
+use crate::shared::Place;
+use crate::shared::costs::CostKey;
+
+/// Runs the stopped query again on its place's connection (already
+/// retired), within what is left of its `query_timeout`, and remembers it:
+/// its next runs go to a connection of their own from the start. The caller
+/// sees latency, not an error.
+pub(super) async fn evicted(
+    pool: &Lane,
+    place: Place<'_>,
+    (sql, params, op): (&str, &[&(dyn ToSql + Sync)], Op),
+    clean: bool,
+    key: Option<CostKey>,
+    ran_for: Duration,
+) -> Result<Reply, Error> {
+    if let Some(key) = key {
+        pool.router().costs().block(key);
+    }
+    if let Some(metrics) = pool.metrics() {
+        metrics.wire.evicted.inc();
+    }
+    let left = pool
+        .config()
+        .query_timeout
+        .map(|t| t.saturating_sub(ran_for));
+    if left.is_some_and(|left| left.is_zero()) {
+        return Err(Error::query_timeout_stopped(
+            "the server stopped it at the head-of-line budget, and its deadline passed",
+        ));
+    }
+    let conn = &place.conn;
+    let pg = conn.conn();
+    let target = pg.target();
+    let limits = pool.run_settings().limits;
+    let rerun = || async {
+        let started = Instant::now();
+        let query = run::run(
+            target,
+            Prepare::Spawned(conn),
+            sql,
+            params,
+            op,
+            limits,
+            clean,
+        );
+        let (set, result) = both_in_order(limit(pg, left), query).await;
+        let sent = set.ok().flatten().map(|budget| (started, budget));
+        match result {
+            Err(e) if stopped_by_budget(&e, sent) => Err(Error::query_timeout_stopped(
+                "the server stopped it at its deadline",
+            )),
+            result => result,
+        }
+    };
+    // Others may still be in flight ahead of it: never a cancel request.
+    let backstop = left.map(|left| left.saturating_add(BACKSTOP));
+    run::within_deadline(backstop, target, rerun, || Late::Abandon).await
+}
+
+/// The session's own `statement_timeout` back, or `left` if that is
+/// shorter.
+async fn limit(pg: &PgConn, left: Option<Duration>) -> Result<Option<Duration>, Error> {
+    match left {
+        Some(left) => pg.apply_budget(left).await,
+        None => pg.lift_budget().await.map(|()| None),
+    }
+}
