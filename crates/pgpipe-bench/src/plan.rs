@@ -51,6 +51,7 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
   --routing R        pgpipe: spread or fill
   --window-us N      pgpipe: batch_window in microseconds
   --slow-ms N|off    pgpipe: slow_query_threshold in milliseconds, or off
+  --budget-ms N|off  pgpipe: head_of_line_budget in milliseconds, or off
 ";
 
 /// What to run.
@@ -214,6 +215,12 @@ impl Plan {
                 },
                 "--slow-ms" => {
                     plan.tuning.slow = Some(match value()?.as_str() {
+                        "off" => None,
+                        ms => Some(Duration::from_secs_f64(parse_one::<f64>(ms)? / 1000.0)),
+                    });
+                }
+                "--budget-ms" => {
+                    plan.tuning.budget = Some(match value()?.as_str() {
                         "off" => None,
                         ms => Some(Duration::from_secs_f64(parse_one::<f64>(ms)? / 1000.0)),
                     });

@@ -97,6 +97,8 @@ pub(crate) struct Tuning {
     pub(crate) window: Option<std::time::Duration>,
     /// `Some(None)` turns head-of-line awareness off.
     pub(crate) slow: Option<Option<std::time::Duration>>,
+    /// `Some(None)` turns the head-of-line budget off.
+    pub(crate) budget: Option<Option<std::time::Duration>>,
 }
 
 /// How pgpipe runs a transfer's transaction.
@@ -184,6 +186,9 @@ impl Target {
                 }
                 if let (Kind::PgpipeOn(_), Some(slow)) = (kind, tuning.slow) {
                     builder = builder.slow_query_threshold(slow);
+                }
+                if let (Kind::PgpipeOn(_), Some(budget)) = (kind, tuning.budget) {
+                    builder = builder.head_of_line_budget(budget);
                 }
                 let registry = prometheus::Registry::new();
                 Target::Pgpipe(builder.registry(&registry).build()?, registry)

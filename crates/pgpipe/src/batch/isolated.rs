@@ -2,11 +2,10 @@
 //! pipeline (several, past `max_pipeline_depth`), and each fails alone.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use super::{Batch, BatchResults};
 use crate::answer::{Answer, Reply};
-use crate::conn::budget::stopped_by_budget;
+use crate::conn::budget::{UnderBudget, stopped_by_budget};
 use crate::conn::params;
 use crate::conn::run::{self, Late, Limits, Prepare, Target};
 use crate::error::{Error, ErrorKind};
@@ -122,14 +121,14 @@ impl Batch<'_> {
                     clean,
                     &mut out,
                 );
-                let sent = target.state.session.budget().map(|b| (Instant::now(), b));
+                let under = UnderBudget::now(target.state.session.budget());
                 if run::within_deadline(deadline, target, || round, || router.late(&conn))
                     .await
                     .is_err()
                 {
                     time_out(&mut out);
                 }
-                self.block_stopped(inner, indices, &out, sent);
+                self.block_stopped(inner, indices, &out, under);
                 let lost = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionLost);
                 if out.iter().any(lost) {
                     router.retire(&conn);
@@ -174,7 +173,7 @@ impl Batch<'_> {
         inner: &Lane,
         indices: &[usize],
         out: &[Option<Result<Answer, Error>>],
-        sent: Option<(Instant, Duration)>,
+        sent: Option<UnderBudget>,
     ) {
         for (i, result) in indices.iter().zip(out) {
             if let Some(Err(e)) = result {

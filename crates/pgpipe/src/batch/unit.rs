@@ -13,11 +13,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use super::atomic::{LeftBehind, steps};
 use super::{Batch, BatchResults};
-use crate::conn::budget::stopped_by_budget;
+use crate::conn::budget::{UnderBudget, stopped_by_budget};
 use crate::conn::run::{self, Late, Prepare, Target};
 use crate::conn::state::ConnState;
 use crate::error::{Error, ErrorKind};
@@ -88,12 +87,7 @@ impl Batch<'_> {
         let mut retries = Retries::default();
         loop {
             let mut place = router.reserve(slow).await?;
-            let sent = place
-                .conn
-                .state()
-                .session
-                .budget()
-                .map(|b| (Instant::now(), b));
+            let sent = UnderBudget::now(place.conn.state().session.budget());
             place.extend(steps.len() as u64 - 1);
             let conn = Arc::clone(&place.conn);
             let target = Target {

@@ -1,6 +1,7 @@
 //! The pool's settings as plain data, with every default documented; the
 //! values derived from them. Their checks are in `validate`.
 
+mod effective;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -375,37 +376,3 @@ const DEFAULT_DEPTH: usize = 128;
 /// statement (so a statement is rarely stopped and run again), well below
 /// what a neighbour notices as a stall (the benchmark's fault workloads).
 pub(crate) const DEFAULT_BUDGET: Duration = Duration::from_millis(100);
-
-impl PoolConfig {
-    /// How statements are prepared, as set or as the pooler requires.
-    pub(crate) fn prepare_mode(&self) -> Prepare {
-        self.prepare.unwrap_or(if self.pooler.allows_named() {
-            Prepare::Named
-        } else {
-            Prepare::Unnamed
-        })
-    }
-
-    /// The settings as they take effect: through a pooler that cannot
-    /// track a pipeline, one query in flight per connection.
-    pub(crate) fn effective(mut self) -> PoolConfig {
-        if !self.pooler.allows_pipeline() {
-            self.max_pipeline_depth = 1;
-        }
-        // A session setting behind a transaction pooler would reach
-        // whichever client the server goes to next.
-        if self.pooler.is_transaction() || !self.pipelining {
-            self.head_of_line_budget = None;
-        }
-        self
-    }
-
-    /// The exclusive cap in effect.
-    pub(crate) fn exclusive_limit(&self) -> usize {
-        self.max_exclusive.unwrap_or(if self.pipelining {
-            self.max_size.saturating_sub(1).max(1)
-        } else {
-            self.max_size
-        })
-    }
-}

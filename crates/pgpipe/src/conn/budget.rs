@@ -71,14 +71,38 @@ impl PgConn {
     }
 }
 
-/// Whether `error` is the server stopping a statement at the budget of its
-/// session: `57014` for a statement `sent` (when, and under which budget:
-/// the one in force in wire order, taken when it was sent, not read from
-/// the record when its answer comes, which a later statement's may already
-/// have changed), at least the budget after it was sent (the server's clock
-/// starts when it reads the statement, after the send). A cancel from
-/// elsewhere that lands before the budget is the caller's own error.
-pub(crate) fn stopped_by_budget(error: &Error, sent: Option<(Instant, Duration)>) -> bool {
+/// A statement sent under a head-of-line budget: the budget in force when
+/// it was sent, in wire order (taken then, not read from the session's
+/// record when its answer comes: a later statement's may already have
+/// changed it), and when it was sent, where the clock was read anyway.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UnderBudget {
+    pub(crate) budget: Duration,
+    pub(crate) at: Option<Instant>,
+}
+
+impl UnderBudget {
+    /// Sent now under `budget`, if there is one.
+    pub(crate) fn now(budget: Option<Duration>) -> Option<UnderBudget> {
+        budget.map(|budget| UnderBudget {
+            budget,
+            at: Some(Instant::now()),
+        })
+    }
+
+    /// How long it ran: since it was sent, or at least the budget.
+    pub(crate) fn ran_for(self) -> Duration {
+        self.at.map_or(self.budget, |at| at.elapsed())
+    }
+}
+
+/// Whether `error` is the server stopping a statement at the budget it was
+/// `sent` under: `57014`, and, where the send was timed, at least the budget
+/// after it (the server's clock starts when it reads the statement, after
+/// the send), so that a cancel from elsewhere landing before the budget
+/// stays the caller's own error. Untimed (no clock read on the hot path
+/// for it), the server's code is taken as it is.
+pub(crate) fn stopped_by_budget(error: &Error, sent: Option<UnderBudget>) -> bool {
     error.code() == Some(&SqlState::QUERY_CANCELED)
-        && sent.is_some_and(|(at, budget)| at.elapsed() >= budget)
+        && sent.is_some_and(|sent| sent.at.is_none_or(|at| at.elapsed() >= sent.budget))
 }

@@ -24,7 +24,7 @@ use super::housekeeping;
 use super::retry::Retries;
 use crate::answer::{Op, Reply};
 use crate::config::SessionCleanup;
-use crate::conn::budget::stopped_by_budget;
+use crate::conn::budget::{UnderBudget, stopped_by_budget};
 use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Counting;
@@ -175,14 +175,12 @@ async fn one(
                 router.batch_window(&place).await;
                 let alone = Alone::sent(pool, &place, waiting.is_some() && retries.none_unsent());
                 let conn = &place.conn;
-                // When it was sent (the server's clock starts later), under
-                // the head-of-line budget in force then, in wire order (the
-                // record may change before its answer is read).
-                let sent = conn
-                    .state()
-                    .session
-                    .budget()
-                    .map(|budget| (admitted.unwrap_or_else(Instant::now), budget));
+                // The head-of-line budget it is sent under, and when, if the
+                // clock was read anyway or a deadline needs it.
+                let sent = conn.state().session.budget().map(|budget| UnderBudget {
+                    budget,
+                    at: admitted.or_else(|| settings.query_timeout.map(|_| Instant::now())),
+                });
                 let prepare = Prepare::Spawned(conn);
                 let target = conn.conn().target();
                 let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
@@ -223,7 +221,7 @@ async fn one(
                     // Stopped by the server at the head-of-line budget:
                     // nothing it did committed.
                     Err(e) if stopped_by_budget(&e, sent) => {
-                        let ran_for = sent.map_or(Duration::ZERO, |(sent, _)| sent.elapsed());
+                        let ran_for = sent.map_or(Duration::ZERO, UnderBudget::ran_for);
                         // Evicted with its connection: nothing new is
                         // admitted behind it there.
                         router.retire(conn);
