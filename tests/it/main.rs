@@ -33,6 +33,7 @@ mod read_groups;
 mod replicas;
 mod restart;
 mod routing;
+mod session_limits;
 mod session_safety;
 mod sessions;
 mod settings;

@@ -252,9 +252,17 @@ pub struct Cluster {
 pub struct ClusterBuilder {
     settings: Vec<(String, String)>,
     files: Vec<(String, Vec<u8>)>,
+    /// The server binaries, when not the machine's (see [`major_bin`]).
+    bin: Option<PathBuf>,
 }
 
 impl ClusterBuilder {
+    /// The server binaries of another major, from [`major_bin`].
+    pub fn bin(mut self, bin: PathBuf) -> Self {
+        self.bin = Some(bin);
+        self
+    }
+
     /// A server setting, passed as `-c name=value`.
     pub fn setting(mut self, name: &str, value: &str) -> Self {
         self.settings.push((name.into(), value.into()));
@@ -287,7 +295,7 @@ impl ClusterBuilder {
     /// When the server binaries are missing or `pg_basebackup`/`pg_ctl`
     /// fail.
     pub fn standby_of(self, primary: &Cluster) -> io::Result<Cluster> {
-        let cluster = Cluster::empty(self.settings)?;
+        let cluster = Cluster::empty(self.settings, self.bin)?;
         cluster.run(
             "pg_basebackup",
             &[
@@ -327,8 +335,9 @@ impl Cluster {
     }
 
     /// A directory and a port, reaped when this process exits; no data yet.
-    fn empty(settings: Vec<(String, String)>) -> io::Result<Cluster> {
-        let bin = server_bin_dir()
+    fn empty(settings: Vec<(String, String)>, bin: Option<PathBuf>) -> io::Result<Cluster> {
+        let bin = bin
+            .or_else(server_bin_dir)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "initdb/pg_ctl not found"))?;
         let port = free_port()?;
         let dir = std::env::temp_dir().join(unique("pgpipe-cluster"));
@@ -345,7 +354,7 @@ impl Cluster {
     }
 
     fn create(setup: ClusterBuilder) -> io::Result<Cluster> {
-        let cluster = Cluster::empty(setup.settings)?;
+        let cluster = Cluster::empty(setup.settings, setup.bin)?;
         cluster.run(
             "initdb",
             &[
@@ -606,6 +615,36 @@ pub(crate) fn hand_to_postgres_user(dir: &Path) -> io::Result<()> {
             "chown to postgres failed (is there a postgres user?)",
         ))
     }
+}
+
+/// The server binaries of PostgreSQL `major` (16, 17, 18), as
+/// `.ci/install-postgres-majors` installs them:
+/// `$PGPIPE_CACHE/postgres/MAJOR/bin`, else `/var/cache/pgpipe/…` as root,
+/// else `$HOME/.cache/pgpipe/…`.
+///
+/// Missing, outside CI it skips the test that needs it (`None`, with a
+/// note); under CI (`CI=true`) it panics: `.ci/run` installs them.
+pub fn major_bin(major: u32) -> Option<PathBuf> {
+    let cache = match std::env::var_os("PGPIPE_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None if is_root() => PathBuf::from("/var/cache/pgpipe"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pgpipe"),
+    };
+    let bin = cache.join("postgres").join(major.to_string()).join("bin");
+    if bin.join("postgres").is_file() {
+        return Some(bin);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "PostgreSQL {major} is not in {} and CI=true: .ci/run must install it \
+         (.ci/install-postgres-majors), or this check would pass without checking",
+        bin.display()
+    );
+    notice(&format!(
+        "PostgreSQL {major} is not installed (.ci/install-postgres-majors {major}); skipping \
+         (under CI=true this fails)"
+    ));
+    None
 }
 
 /// The directory holding `initdb` and `pg_ctl`: `PG_BIN` if set, else the

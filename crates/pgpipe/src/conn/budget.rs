@@ -24,11 +24,22 @@ use crate::error::Error;
 pub(crate) fn budget_sql(ms: u32) -> String {
     format!(
         "{POOL_OWN}RESET statement_timeout; \
-         SELECT pg_catalog.set_config('statement_timeout', '{ms}', false) \
+         SELECT pg_catalog.set_config('statement_timeout', '{ms}', false) AS pgpipe_budget \
          FROM pg_catalog.pg_settings WHERE name = 'statement_timeout' \
          AND (reset_val::int8 = 0 OR reset_val::int8 > {ms})"
     )
 }
+
+/// Turns off, for a shared session, the server's limits that end the
+/// *session* rather than a statement (where the server has them and the
+/// role or database set one): `transaction_timeout` (PostgreSQL 17+, FATAL
+/// `25P04`: on a shared connection it would fail every neighbour in
+/// flight) and `idle_session_timeout` (14+: it would close a shared
+/// connection between two queries, racing the next one). Statements stay
+/// bounded by the budget and `statement_timeout`.
+pub(crate) const SHARED_GUARDS_SQL: &str = "/* pgpipe */ SELECT \
+     pg_catalog.set_config(name, '0', false) AS pgpipe_guard FROM pg_catalog.pg_settings \
+     WHERE name IN ('transaction_timeout', 'idle_session_timeout') AND setting <> '0'";
 
 /// The budget in whole milliseconds, as PostgreSQL keeps it (validated to
 /// fit an `int`).
@@ -37,6 +48,32 @@ pub(crate) fn budget_ms(budget: Duration) -> u32 {
 }
 
 impl PgConn {
+    /// Readies the session for sharing: the limits that end a session off
+    /// ([`SHARED_GUARDS_SQL`]), and the head-of-line `budget` if there is
+    /// one, in one round trip.
+    pub(crate) async fn share_session(&self, budget: Option<Duration>) -> Result<(), Error> {
+        let ms = budget.map(budget_ms);
+        let mut sql = String::from(SHARED_GUARDS_SQL);
+        if let Some(ms) = ms {
+            sql.push_str("; ");
+            sql.push_str(&budget_sql(ms));
+        }
+        let answers = self
+            .client
+            .simple_query(&sql)
+            .await
+            .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
+        // The session may carry the settings: reset before an exclusive user.
+        self.state.session.mark_needs_reset();
+        self.state.session.set_guarded();
+        self.state.session.set_budget(if took_budget(&answers) {
+            ms.unwrap_or(0)
+        } else {
+            0
+        });
+        Ok(())
+    }
+
     /// Makes the server enforce `budget` on this session's statements, and
     /// notes whether it does (a shorter `statement_timeout` of the session's
     /// own wins, and is then the caller's own limit, not the pool's). The
@@ -48,9 +85,7 @@ impl PgConn {
             .simple_query(&budget_sql(ms))
             .await
             .map_err(|e| Error::from_query(e, self.client.is_closed()))?;
-        let took = answers
-            .iter()
-            .any(|m| matches!(m, SimpleQueryMessage::Row(_)));
+        let took = took_budget(&answers);
         // The session may carry the setting: reset before an exclusive user.
         self.state.session.mark_needs_reset();
         self.state.session.set_budget(if took { ms } else { 0 });
@@ -69,6 +104,14 @@ impl PgConn {
         self.state.session.set_budget(0);
         Ok(())
     }
+}
+
+/// Whether the server took the budget: [`budget_sql`]'s row came back.
+fn took_budget(answers: &[SimpleQueryMessage]) -> bool {
+    answers.iter().any(|m| {
+        matches!(m, SimpleQueryMessage::Row(row)
+            if row.columns().first().map(|c| c.name()) == Some("pgpipe_budget"))
+    })
 }
 
 /// A statement sent under a head-of-line budget: the budget in force when

@@ -159,9 +159,13 @@ impl Router {
             return Ok(None); // dropping it hands it to the waiting get()
         }
         // Before any query shares it: the server bounds how long one
-        // statement holds the others (conn/budget.rs).
-        if let Some(budget) = self.config.head_of_line_budget {
-            object.apply_budget(budget).await?;
+        // statement holds the others, and no limit of the role's ends the
+        // session under them (conn/budget.rs). Not behind a transaction
+        // pooler, where a session setting would reach other clients.
+        if !self.config.pooler.is_transaction() {
+            object
+                .share_session(self.config.head_of_line_budget)
+                .await?;
         }
         Ok(Some(Arc::new(SharedConn::new(object, self.wire.ticks()))))
     }

@@ -12,7 +12,7 @@ use tokio_postgres::SimpleQueryMessage;
 use super::{Limits, Prepared, Target, Usable, send};
 use crate::answer::{Op, Reply};
 use crate::conn::SESSION_CLEANUP;
-use crate::conn::budget::{budget_ms, budget_sql};
+use crate::conn::budget::{SHARED_GUARDS_SQL, budget_ms, budget_sql};
 use crate::conn::params::Params;
 use crate::error::Error;
 use crate::metrics::QuarantineReason;
@@ -97,16 +97,27 @@ pub(crate) async fn clean_session(target: Target<'_>) {
         )
     });
     let with_hook;
-    let budget = target.state.session.budget().map(budget_ms);
-    let cleanup = match (target.state.traits.after_connect(), budget) {
-        (None, None) => &*CLEANUP,
-        // The pool's own set-up and the head-of-line budget (`RESET ALL`
-        // undid it), again, before the count.
-        (after, budget) => {
+    let session = &target.state.session;
+    let budget = session.budget().map(budget_ms);
+    let cleanup = match (
+        target.state.traits.after_connect(),
+        budget,
+        session.guarded(),
+    ) {
+        (None, None, false) => &*CLEANUP,
+        // The pool's own set-up, a shared session's guards and the
+        // head-of-line budget (`RESET ALL` undid them), again, before the
+        // count.
+        (after, budget, guarded) => {
             with_hook = format!(
-                "{SESSION_CLEANUP}; {}{}SELECT count(*) FROM \
+                "{SESSION_CLEANUP}; {}{}{}SELECT count(*) FROM \
                  pg_catalog.pg_prepared_statements WHERE from_sql",
                 after.map(|a| format!("{a}; ")).unwrap_or_default(),
+                if guarded {
+                    format!("{SHARED_GUARDS_SQL}; ")
+                } else {
+                    String::new()
+                },
                 budget
                     .map(|ms| format!("{}; ", budget_sql(ms)))
                     .unwrap_or_default(),

@@ -28,6 +28,8 @@ pub(crate) struct Session {
     /// The head-of-line budget the server enforces in this session, in
     /// milliseconds (its `statement_timeout`, set by the pool); 0 for none.
     budget_ms: AtomicU32,
+    /// The limits that end a session are off in it (readied for sharing).
+    guarded: AtomicBool,
 }
 
 impl Session {
@@ -86,6 +88,19 @@ impl Session {
         self.needs_reset.store(false, Ordering::Release);
         self.quarantined.store(0, Ordering::Release);
         self.budget_ms.store(0, Ordering::Release);
+        self.guarded.store(false, Ordering::Release);
+    }
+
+    /// Whether the session was readied for sharing (the limits that end a
+    /// session off): a cleanup's `RESET ALL` must ready it again.
+    #[inline]
+    pub(crate) fn guarded(&self) -> bool {
+        self.guarded.load(Ordering::Acquire)
+    }
+
+    #[inline]
+    pub(in crate::conn) fn set_guarded(&self) {
+        self.guarded.store(true, Ordering::Release);
     }
 
     /// The head-of-line budget the server enforces on this session's

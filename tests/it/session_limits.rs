@@ -1,0 +1,93 @@
+//! Limits a role may set that end the *session*, not a statement
+//! (`transaction_timeout`, PostgreSQL 17+; `idle_session_timeout`, 14+):
+//! on a shared connection they would fail every neighbour in flight, or
+//! close the connection between two queries. The pool turns them off for
+//! its shared sessions (issue #44). Run on throwaway clusters of 17 and 18
+//! (`.ci/install-postgres-majors`).
+
+use std::time::Duration;
+
+use pgpipe::Pool;
+use pgpipe_test_support::{Cluster, major_bin};
+
+async fn on_major(major: u32) {
+    let Some(bin) = major_bin(major) else {
+        return;
+    };
+    let cluster = Cluster::builder().bin(bin).start().expect("cluster starts");
+    let (admin, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let version: String = admin
+        .query_one("SHOW server_version", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(version.starts_with(&major.to_string()), "{version}");
+    admin
+        .batch_execute(
+            "CREATE ROLE limited LOGIN; \
+             ALTER ROLE limited SET transaction_timeout = '300ms'; \
+             ALTER ROLE limited SET idle_session_timeout = '300ms'",
+        )
+        .await
+        .unwrap();
+    let url = cluster.url().replace("postgres@", "limited@");
+    // The budget off: the statement below must outlast transaction_timeout
+    // on the shared connection (with it, it would be stopped at 100 ms and
+    // run alone, which hides the limit).
+    let pool = Pool::builder()
+        .url(&url)
+        .max_size(2)
+        .pipelining(true)
+        .head_of_line_budget(None)
+        .build()
+        .unwrap();
+    let pid: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    // A statement longer than transaction_timeout, neighbours pipelined
+    // behind it: none of them fails.
+    let slow = pool.query("SELECT pg_sleep(0.6)", &[]);
+    let echoes = async {
+        let mut answered = 0;
+        for i in 0..50i64 {
+            let row = pool.query_one("SELECT $1::int8", &[&i]).await.unwrap();
+            assert_eq!(row.get::<_, i64>(0), i);
+            answered += 1;
+        }
+        answered
+    };
+    let (slow, answered) = tokio::join!(slow, echoes);
+    slow.expect("transaction_timeout did not end the shared session");
+    assert_eq!(answered, 50);
+    // Idle past idle_session_timeout: the same session still serves.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let again: i32 = pool
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(again, pid, "idle_session_timeout ended the shared session");
+    // A checkout keeps the role's limits: the session is the caller's.
+    let conn = pool.get().await.unwrap();
+    let limit: String = conn
+        .query_one("SHOW transaction_timeout", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(limit, "300ms");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_and_idle_session_timeouts_never_end_a_shared_session_on_17() {
+    on_major(17).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_and_idle_session_timeouts_never_end_a_shared_session_on_18() {
+    on_major(18).await;
+}
