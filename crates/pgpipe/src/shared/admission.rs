@@ -246,15 +246,7 @@ impl Router {
             self.queue.fail_all(Error::closed);
             return;
         }
-        self.dispatch_again.store(true, Ordering::Release);
-        while self.dispatch_again.load(Ordering::Acquire) {
-            if self.dispatching.swap(true, Ordering::AcqRel) {
-                return; // the dispatcher at work will see the note
-            }
-            self.dispatch_again.store(false, Ordering::Release);
-            self.dispatch_once();
-            self.dispatching.store(false, Ordering::Release);
-        }
+        self.note.run(|| self.dispatch_once());
     }
 
     fn dispatch_once(self: &Arc<Self>) {

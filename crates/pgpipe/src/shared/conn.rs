@@ -66,10 +66,19 @@ impl SharedConn {
         }
     }
 
-    /// Frees one place, noting the tick when it falls idle.
+    /// Frees one place, noting the tick when it falls idle. A place given
+    /// back twice is a defect: it fails debug builds, and in release builds
+    /// it is logged and ignored (the word is left as it was).
     pub(super) fn give_back(&self, now_tick: u64) {
-        if self.state().load.release() == 1 {
-            self.last_done_tick.store(now_tick, Ordering::Relaxed);
+        match self.state().load.release() {
+            Some(1) => self.last_done_tick.store(now_tick, Ordering::Relaxed),
+            Some(_) => {}
+            None => {
+                debug_assert!(false, "a shared connection's place was given back twice");
+                crate::trace::pool_warn!(
+                    "a shared connection's place was given back twice; ignored"
+                );
+            }
         }
     }
 

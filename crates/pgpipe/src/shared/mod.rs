@@ -22,6 +22,7 @@ mod batch_window;
 pub(crate) mod conn;
 pub(crate) mod costs;
 mod deadlines;
+mod note;
 mod open;
 pub(crate) mod queue;
 pub(crate) mod route;
@@ -37,6 +38,7 @@ use admission::Handoff;
 pub(crate) use admission::Place;
 pub(crate) use conn::SharedConn;
 use costs::Costs;
+use note::DispatchNote;
 use open::OpenFailure;
 use queue::WaitQueue;
 
@@ -64,9 +66,8 @@ pub(crate) struct Router {
     sweeping: AtomicBool,
     deadlines: Arc<tokio::sync::Notify>,
     /// Whether a dispatch is running, and whether another was asked for
-    /// meanwhile (see [`admission`]).
-    dispatching: AtomicBool,
-    dispatch_again: AtomicBool,
+    /// meanwhile (see [`admission`] and [`note`]).
+    note: DispatchNote,
     /// The last failed open, while its back-off lasts.
     failure: Mutex<Option<OpenFailure>>,
     /// Until when (the pool's fine clock, nanoseconds) no open is tried; the
@@ -115,8 +116,7 @@ impl Router {
             queue: WaitQueue::default(),
             sweeping: AtomicBool::new(false),
             deadlines: Arc::default(),
-            dispatching: AtomicBool::new(false),
-            dispatch_again: AtomicBool::new(false),
+            note: DispatchNote::default(),
             failure: Mutex::new(None),
             backoff_until: AtomicU64::new(0),
             costs: Costs::default(),

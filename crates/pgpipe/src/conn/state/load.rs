@@ -101,9 +101,19 @@ impl LoadWord {
         self.0.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// Frees one place; returns how many were in flight before.
-    pub(crate) fn release(&self) -> u64 {
-        self.0.fetch_sub(1, Ordering::AcqRel) & IN_FLIGHT
+    /// Frees one place; returns how many were in flight before, or `None`
+    /// when none was (a place given back twice). That never borrows from
+    /// the flags: an unchecked subtraction would clear `SHARED` and count
+    /// 2^32 queries in flight, and every later admission would fail without
+    /// a word (issue #45). The caller reports it.
+    #[inline]
+    pub(crate) fn release(&self) -> Option<u64> {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                (word & IN_FLIGHT != 0).then(|| word - 1)
+            })
+            .ok()
+            .map(|word| word & IN_FLIGHT)
     }
 
     /// Takes no new work from now on.
@@ -139,10 +149,22 @@ mod tests {
         assert_eq!(word.admit(2), Some(0));
         assert_eq!(word.admit(2), Some(1));
         assert_eq!(word.admit(2), None, "full");
-        assert_eq!(word.release(), 2);
+        assert_eq!(word.release(), Some(2));
         word.close();
         assert_eq!(word.admit(2), None, "closed");
         assert_eq!(word.in_flight(), 1);
+    }
+
+    #[test]
+    fn a_place_given_back_twice_leaves_the_word_as_it_was() {
+        let word = LoadWord::default();
+        word.share();
+        assert_eq!(word.admit(2), Some(0));
+        assert_eq!(word.release(), Some(1));
+        assert_eq!(word.release(), None, "nothing in flight");
+        let load = word.get();
+        assert!(load.is_shared() && !load.is_closed() && load.in_flight() == 0);
+        assert_eq!(word.admit(2), Some(0), "admission goes on");
     }
 
     #[test]
