@@ -12,6 +12,7 @@ mod dashboards;
 mod executor;
 mod failover;
 mod faults;
+mod frozen_primary;
 mod guard_catalog;
 mod guard_globals;
 mod guard_lexical;

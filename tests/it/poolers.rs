@@ -628,10 +628,16 @@ async fn the_server_behind_pgbouncer_stops_and_another_takes_over() {
 /// `max_prepared_statements`, named statements: the same two instances run
 /// with 64 queries in flight per connection and named statements. Debian
 /// 12 ships 1.18, so this runs when `PGPIPE_PGBOUNCER_1_21` names a newer
-/// binary, and says so when it is skipped.
+/// binary (CI: PgBouncer 1.24, from `.ci/install-pgbouncer-1.24`), and says
+/// so when it is skipped (under `CI=true` it fails).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_pgbouncer_pipelines_with_named_statements() {
     let Ok(binary) = std::env::var("PGPIPE_PGBOUNCER_1_21") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "PGPIPE_PGBOUNCER_1_21 is unset and CI=true: .ci/run builds PgBouncer 1.24 \
+             (.ci/install-pgbouncer-1.24) and sets it, or this check would pass without checking"
+        );
         pgpipe_test_support::notice(
             "SKIPPED a_newer_pgbouncer_pipelines_with_named_statements: set \
              PGPIPE_PGBOUNCER_1_21 to a pgbouncer binary of version 1.21 or later",

@@ -184,6 +184,17 @@ impl Error {
         )
     }
 
+    /// A write that waited for the old primary's lane when another host was
+    /// elected: it never left the client, so the dispatcher runs it on the
+    /// new primary at once (`hosts/dispatch.rs`).
+    pub(crate) fn primary_moved() -> Error {
+        Error::new(
+            ErrorKind::NoPrimary,
+            "another host was elected primary while it waited for the old one; it never ran",
+        )
+        .unsent()
+    }
+
     /// Past `query_timeout`, a query the server stopped (or that never
     /// started again after the server stopped it): it did not run.
     pub(crate) fn query_timeout_stopped(what: &str) -> Error {

@@ -107,6 +107,15 @@ where
                         continue;
                     }
                 }
+                // It waited for a primary that another host replaced:
+                // never sent, and the new one is elected already.
+                _ if error.kind() == ErrorKind::NoPrimary
+                    && error.is_unsent()
+                    && waits < super::MAX_FAILOVER_WAITS =>
+                {
+                    waits += 1;
+                    continue;
+                }
                 // Nothing was sent: the primary may be gone. Within
                 // `failover_wait`, wait for the next one.
                 _ if error.kind() == ErrorKind::Connect || error.is_unsent() => {

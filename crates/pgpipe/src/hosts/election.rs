@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::check::{Failure, Seen};
 use super::lag::Samples;
 use super::{Hosts, NONE};
+use crate::error::Error;
 use crate::metrics::hosts::RoleLabel;
 use crate::sync::lock;
 
@@ -200,10 +201,17 @@ impl Election {
                         metrics.discovery.observe(since.elapsed().as_secs_f64());
                     }
                 }
-                if self.last.is_some_and(|last| last != i) {
+                if let Some(last) = self.last.filter(|&last| last != i) {
                     if let Some(metrics) = metrics {
                         metrics.primary_changes.inc();
                     }
+                    // What still waits for a place on the old primary was
+                    // never sent: it goes to the new one now, not at its
+                    // wait_timeout (a frozen primary answers nothing).
+                    hosts.hosts[last]
+                        .write
+                        .router()
+                        .fail_waiting(Error::primary_moved);
                     crate::trace::pool_warn!(
                         host = hosts.hosts[i].label.as_str(),
                         "a new primary was elected"

@@ -140,6 +140,13 @@ impl Router {
         self.queue.fail_all(Error::closed);
     }
 
+    /// Fails every query waiting for room with `error`: another host was
+    /// elected primary, and what waits here for the old one has not been
+    /// sent (issue #47).
+    pub(crate) fn fail_waiting(&self, error: impl Fn() -> Error) {
+        self.queue.fail_all(error);
+    }
+
     /// The learned costs of statements.
     pub(crate) fn costs(&self) -> &Costs {
         &self.costs
