@@ -115,7 +115,7 @@ async fn monitor(hosts: Weak<Hosts>, managers: Vec<Manager>) {
             hosts.started.fetch_add(1, Ordering::AcqRel);
             // Taken before any check: a loss from now on is after them.
             let losses: Vec<u64> = hosts.hosts.iter().map(|h| h.signal().losses()).collect();
-            let seen = check_all(&managers, &mut conns).await;
+            let seen = check_all(&managers, &mut conns, hosts.timeline()).await;
             let some_down = seen.iter().any(Result::is_err);
             election.apply(&hosts, seen, &losses);
             hosts.rounds.fetch_add(1, Ordering::AcqRel);
@@ -143,9 +143,19 @@ async fn monitor(hosts: Weak<Hosts>, managers: Vec<Manager>) {
 }
 
 /// Checks every host at once, each within [`CHECK_TIMEOUT`].
+///
+/// The round ends early when a host answers that it is writable on a
+/// timeline above `top` (the highest the pool has seen, 0 before any): a
+/// standby was promoted, and no host still to answer can outrank it (a
+/// host below the highest timeline is never elected again). So a frozen
+/// old primary, whose check only times out, does not hold the election
+/// for [`CHECK_TIMEOUT`] (issue #47); the hosts that had not answered
+/// count as a transient failure this round, and are checked again on new
+/// connections in the next.
 async fn check_all(
     managers: &[Manager],
     conns: &mut [Option<PgConn>],
+    top: u32,
 ) -> Vec<Result<Seen, Failure>> {
     let mut checks = JoinSet::new();
     for (i, (manager, conn)) in managers.iter().zip(conns.iter_mut()).enumerate() {
@@ -162,11 +172,31 @@ async fn check_all(
     let mut seen: Vec<Result<Seen, Failure>> = (0..managers.len())
         .map(|_| Err(Failure::down("the check did not finish")))
         .collect();
+    let mut answered = vec![false; managers.len()];
+    let mut cut_short = false;
     while let Some(done) = checks.join_next().await {
         if let Ok((i, conn, result)) = done {
+            let promoted = top > 0
+                && result
+                    .as_ref()
+                    .is_ok_and(|s| !s.recovery && s.timeline > top);
             conns[i] = conn;
             seen[i] = result;
+            answered[i] = true;
+            if promoted {
+                cut_short = true;
+                break;
+            }
         }
+    }
+    let unanswered = seen
+        .iter_mut()
+        .zip(&answered)
+        .filter(|(_, a)| cut_short && !**a);
+    for (seen, _) in unanswered {
+        *seen = Err(Failure::transient(
+            "its check had not answered when a newer primary was seen",
+        ));
     }
     seen
 }

@@ -114,6 +114,9 @@ where
                     && waits < super::MAX_FAILOVER_WAITS =>
                 {
                     waits += 1;
+                    if let Some(metrics) = &hosts.metrics {
+                        metrics.retry(RetryReason::PrimaryMoved);
+                    }
                     continue;
                 }
                 // Nothing was sent: the primary may be gone. Within

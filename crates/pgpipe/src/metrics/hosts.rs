@@ -67,6 +67,9 @@ pub(crate) enum RetryReason {
     /// A write could not be sent to the primary (it is down); it waited
     /// for the next one within `failover_wait`.
     PrimaryDown,
+    /// A write waited for a place on the old primary when another host was
+    /// elected; it ran on the new one.
+    PrimaryMoved,
 }
 
 /// The handles, resolved once.
@@ -301,6 +304,7 @@ impl HostMetrics {
             RetryReason::RecoveryConflict => "recovery_conflict",
             RetryReason::ReplicaLost => "replica_lost",
             RetryReason::PrimaryDown => "primary_down",
+            RetryReason::PrimaryMoved => "primary_moved",
         };
         self.retries.with_label_values(&[label]).inc();
     }
