@@ -13,7 +13,7 @@ use pgpipe::{ErrorKind, Pool};
 use pgpipe_test_support::admin;
 use prometheus::Registry;
 
-use crate::support::{Scrape, app, builder, drop_table, scratch_table};
+use crate::support::{Scrape, app, builder, count_rows, drop_table, scratch_table};
 
 /// Generous: a bound on a stall the budget ends in 100 ms; past it, the
 /// neighbours are stuck behind the blocked statement.
@@ -71,6 +71,17 @@ async fn echoes(pool: &Pool, n: i64) {
     }
 }
 
+/// Another session holds row 1 of `table` until it commits.
+async fn hold_row(table: &str) -> tokio_postgres::Client {
+    let holder = admin().await;
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(&format!("UPDATE {table} SET v = v + 1 WHERE id = 1"), &[])
+        .await
+        .unwrap();
+    holder
+}
+
 /// Waits until a backend of the server runs `like` and waits on a lock.
 async fn until_waiting_on_lock(admin: &tokio_postgres::Client, like: &str) {
     for _ in 0..500 {
@@ -100,13 +111,7 @@ async fn a_row_lock_wait_stalls_no_neighbour_and_the_write_runs_once() {
         .await
         .unwrap();
     echoes(&pool, 64).await;
-    // Another session holds the row.
-    let holder = admin().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute(&format!("UPDATE {table} SET v = v + 1 WHERE id = 1"), &[])
-        .await
-        .unwrap();
+    let holder = hold_row(&table).await;
     let update = format!("UPDATE {table} SET v = v + 10 WHERE id = 1");
     let write = {
         let (pool, update) = (pool.clone(), update.clone());
@@ -185,13 +190,7 @@ async fn a_write_past_its_deadline_is_stopped_by_the_server_and_never_runs() {
     assert!(!e.may_have_run(), "the server stopped it: {e}");
     // Well past the sleep: it never ran later.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let written: i64 = admin()
-        .await
-        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(written, 0);
+    assert_eq!(count_rows(&pool, &table).await, 0);
     echoes(&pool, 32).await;
     drop_table(&table).await;
 }
@@ -204,12 +203,7 @@ async fn an_atomic_unit_stopped_at_the_budget_runs_again_alone_once() {
     pool.execute(&format!("INSERT INTO {table} VALUES (1, 0)"), &[])
         .await
         .unwrap();
-    let holder = admin().await;
-    holder.batch_execute("BEGIN").await.unwrap();
-    holder
-        .execute(&format!("UPDATE {table} SET v = v + 1 WHERE id = 1"), &[])
-        .await
-        .unwrap();
+    let holder = hold_row(&table).await;
     let update = format!("UPDATE {table} SET v = v + 10 WHERE id = 1");
     let insert = format!("INSERT INTO {table} VALUES (2, 0)");
     let unit = {

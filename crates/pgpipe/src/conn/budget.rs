@@ -139,6 +139,26 @@ impl UnderBudget {
     }
 }
 
+/// The answer of a statement sent at `started` right behind `set`, the
+/// [`PgConn::apply_budget`] that made its deadline the server's: the
+/// server's stop at it is the caller's `QueryTimeout`, and it did not run.
+pub(crate) fn past_deadline<T>(
+    result: Result<T, Error>,
+    set: Result<Option<Duration>, Error>,
+    started: Instant,
+) -> Result<T, Error> {
+    let sent = set.ok().flatten().map(|budget| UnderBudget {
+        budget,
+        at: Some(started),
+    });
+    match result {
+        Err(e) if stopped_by_budget(&e, sent) => Err(Error::query_timeout_stopped(
+            "the server stopped it at its deadline",
+        )),
+        result => result,
+    }
+}
+
 /// Whether `error` is the server stopping a statement at the budget it was
 /// `sent` under: `57014`, and, where the send was timed, at least the budget
 /// after it (the server's clock starts when it reads the statement, after

@@ -18,7 +18,7 @@ use tokio_postgres::types::ToSql;
 
 use super::Lane;
 use crate::answer::{Op, Reply};
-use crate::conn::budget::{UnderBudget, stopped_by_budget};
+use crate::conn::budget::past_deadline;
 use crate::conn::run::{self, RunSettings, both_in_order};
 use crate::error::Error;
 use crate::exclusive::Holder;
@@ -62,14 +62,5 @@ pub(super) async fn run_alone(
         run::run_alone(target, sql, params, op, settings, clean),
     )
     .await;
-    let sent = set.ok().flatten().map(|budget| UnderBudget {
-        budget,
-        at: Some(started),
-    });
-    match result {
-        Err(e) if stopped_by_budget(&e, sent) => Err(Error::query_timeout_stopped(
-            "the server stopped it at its deadline",
-        )),
-        result => result,
-    }
+    past_deadline(result, set, started)
 }

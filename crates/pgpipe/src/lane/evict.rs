@@ -18,7 +18,7 @@ use super::Lane;
 use super::alone::BACKSTOP;
 use crate::answer::{Op, Reply};
 use crate::conn::PgConn;
-use crate::conn::budget::{UnderBudget, stopped_by_budget};
+use crate::conn::budget::past_deadline;
 use crate::conn::run::{self, Late, Prepare, both_in_order};
 use crate::error::Error;
 use crate::shared::Place;
@@ -67,16 +67,7 @@ pub(super) async fn evicted(
             clean,
         );
         let (set, result) = both_in_order(limit(pg, left), query).await;
-        let sent = set.ok().flatten().map(|budget| UnderBudget {
-            budget,
-            at: Some(started),
-        });
-        match result {
-            Err(e) if stopped_by_budget(&e, sent) => Err(Error::query_timeout_stopped(
-                "the server stopped it at its deadline",
-            )),
-            result => result,
-        }
+        past_deadline(result, set, started)
     };
     // Others may still be in flight ahead of it: never a cancel request.
     let backstop = left.map(|left| left.saturating_add(BACKSTOP));
