@@ -16,7 +16,7 @@ use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use std::{fs, io};
 
@@ -241,7 +241,9 @@ pub async fn backend_pids(admin: &tokio_postgres::Client, application_name: &str
 pub struct Cluster {
     dir: PathBuf,
     bin: PathBuf,
-    port: u16,
+    /// Chosen free, and chosen again if another process took it before the
+    /// first start (see [`Cluster::first_start`]).
+    port: AtomicU16,
     settings: Vec<(String, String)>,
 }
 
@@ -302,7 +304,7 @@ impl ClusterBuilder {
                 "-h",
                 "127.0.0.1",
                 "-p",
-                &primary.port.to_string(),
+                &primary.port().to_string(),
                 "-U",
                 "postgres",
                 "-D",
@@ -314,7 +316,7 @@ impl ClusterBuilder {
                 "fast",
             ],
         )?;
-        cluster.start_server()?;
+        cluster.first_start()?;
         Ok(cluster)
     }
 }
@@ -346,7 +348,7 @@ impl Cluster {
         let cluster = Cluster {
             dir,
             bin,
-            port,
+            port: AtomicU16::new(port),
             settings,
         };
         cluster.spawn_reaper()?;
@@ -377,18 +379,18 @@ impl Cluster {
             fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
             hand_to_postgres_user(&path)?;
         }
-        cluster.start_server()?;
+        cluster.first_start()?;
         Ok(cluster)
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres`.
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port())
     }
 
     /// The port it listens on.
     pub fn port(&self) -> u16 {
-        self.port
+        self.port.load(Ordering::Acquire)
     }
 
     /// Starts the server again after [`stop`](Cluster::stop).
@@ -400,14 +402,14 @@ impl Cluster {
         let mut options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
              -c full_page_writes=off -c max_connections=200",
-            self.port,
+            self.port(),
             self.data()
         );
         for (name, value) in &self.settings {
             options.push_str(&format!(" -c {name}={value}"));
         }
         let log = format!("{}/server.log", self.data());
-        self.run(
+        let started = self.run(
             "pg_ctl",
             &[
                 "-D",
@@ -419,7 +421,36 @@ impl Cluster {
                 &options,
                 "start",
             ],
-        )
+        );
+        // The server's own word on why, while its data directory (and so
+        // its log) is still there.
+        started.map_err(|e| {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            io::Error::other(format!("{e}; server.log ends:\n{}", tail.join("\n")))
+        })
+    }
+
+    /// The first start: when another process took the free port chosen for
+    /// it meanwhile (choosing one binds port 0 and lets it go, a race with
+    /// every other process choosing one), again on another port, up to five
+    /// times. A restart keeps its port: pools hold its URL.
+    fn first_start(&self) -> io::Result<()> {
+        let mut tries = 0;
+        loop {
+            match self.start_server() {
+                Err(e) if tries < 5 && port_taken(&e.to_string()) => {
+                    tries += 1;
+                    notice(&format!(
+                        "port {} was taken before the cluster started; trying another",
+                        self.port()
+                    ));
+                    self.port.store(free_port()?, Ordering::Release);
+                }
+                result => return result,
+            }
+        }
     }
 
     /// Stops the server (`mode`: `smart`, `fast` or `immediate`).
@@ -488,7 +519,7 @@ impl Cluster {
 
     /// `host:port`, for a proxy or a pooler in front of it.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("127.0.0.1:{}", self.port())
     }
 
     /// `pg_ctl restart -m fast`: every session is terminated.
@@ -664,6 +695,12 @@ pub(crate) fn server_bin_dir() -> Option<PathBuf> {
             .unwrap_or(0)
     });
     versions.pop()
+}
+
+/// Whether a failed start's message (with its server log) says the port
+/// was in use.
+fn port_taken(message: &str) -> bool {
+    message.contains("could not bind") || message.contains("Address already in use")
 }
 
 pub(crate) fn free_port() -> io::Result<u16> {
