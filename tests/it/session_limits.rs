@@ -1,14 +1,20 @@
-//! Limits a role may set that end the *session*, not a statement
-//! (`transaction_timeout`, PostgreSQL 17+; `idle_session_timeout`, 14+):
-//! on a shared connection they would fail every neighbour in flight, or
-//! close the connection between two queries. The pool turns them off for
-//! its shared sessions (issue #44). Run on throwaway clusters of 17 and 18
-//! (`.ci/install-postgres-majors`).
+//! What PostgreSQL 17 and 18 changed for a shared session (issue #44), on
+//! throwaway clusters of each (`.ci/install-postgres-majors`):
+//!
+//! - limits a role may set that end the *session*, not a statement
+//!   (`transaction_timeout`, 17+; `idle_session_timeout`, 14+): on a shared
+//!   connection they would fail every neighbour in flight, or close the
+//!   connection between two queries, so the pool turns them off there;
+//! - 18 reports `search_path` (a `ParameterStatus`): a change that user
+//!   code makes is seen on the wire, and quarantines the connection.
 
 use std::time::Duration;
 
 use pgpipe::Pool;
 use pgpipe_test_support::{Cluster, major_bin};
+use prometheus::Registry;
+
+use crate::support::Scrape;
 
 async fn on_major(major: u32) {
     let Some(bin) = major_bin(major) else {
@@ -90,4 +96,57 @@ async fn transaction_and_idle_session_timeouts_never_end_a_shared_session_on_17(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_and_idle_session_timeouts_never_end_a_shared_session_on_18() {
     on_major(18).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_18_a_search_path_changed_by_user_code_quarantines_its_connection() {
+    let Some(bin) = major_bin(18) else {
+        return;
+    };
+    let cluster = Cluster::builder().bin(bin).start().expect("cluster starts");
+    let (admin, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(
+            "CREATE SCHEMA elsewhere; \
+             CREATE FUNCTION public.wander() RETURNS int LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM set_config('search_path', 'elsewhere', false); RETURN 1; END $$",
+        )
+        .await
+        .unwrap();
+    let registry = Registry::new();
+    let pool = Pool::builder()
+        .url(&cluster.url())
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .registry(&registry)
+        .build()
+        .unwrap();
+    let quarantined = || {
+        Scrape::of(&registry).value(
+            "pgpipe_pipeline_quarantined_total",
+            &[("reason", "session_state")],
+        )
+    };
+    let path = || async {
+        pool.query_one("SHOW search_path", &[])
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+    };
+    let default = path().await;
+    assert_eq!(quarantined(), 0.0);
+    pool.query("SELECT public.wander()", &[]).await.unwrap();
+    // The server reported the change before the function's answer.
+    assert_eq!(quarantined(), 1.0, "the reported search_path was not seen");
+    for _ in 0..3 {
+        assert_eq!(
+            path().await,
+            default,
+            "a shared query saw the changed search_path"
+        );
+    }
 }
