@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::measure::quantile_ms;
 use crate::plan::Plan;
-use crate::targets::{BoxError, Kind, Target, Tuning};
+use crate::targets::{BoxError, Kind, Target};
 
 const ECHO: &str = "SELECT $1::int8";
 const SLEEP: &str = "SELECT pg_sleep(1)";
@@ -104,7 +104,7 @@ pub(crate) async fn run(plan: &Plan, url: &str) -> Result<bool, BoxError> {
             let mut rounds = Vec::new();
             for _ in 0..plan.rounds.max(1) {
                 let target =
-                    Target::open(kind, url, &statements, Tuning::default(), &admin).await?;
+                    Target::open(kind, url, &statements, plan.tuning, &admin).await?;
                 let target = Arc::new(target);
                 let round = cell(&target, fault, &admin, &update, after).await?;
                 target.close();
