@@ -103,8 +103,7 @@ pub(crate) async fn run(plan: &Plan, url: &str) -> Result<bool, BoxError> {
             }
             let mut rounds = Vec::new();
             for _ in 0..plan.rounds.max(1) {
-                let target =
-                    Target::open(kind, url, &statements, plan.tuning, &admin).await?;
+                let target = Target::open(kind, url, &statements, plan.tuning, &admin).await?;
                 let target = Arc::new(target);
                 let round = cell(&target, fault, &admin, &update, after).await?;
                 target.close();
