@@ -16,15 +16,24 @@ use prometheus::Registry;
 
 use crate::support::Scrape;
 
-async fn on_major(major: u32) {
-    let Some(bin) = major_bin(major) else {
-        return;
-    };
-    let cluster = Cluster::builder().bin(bin).start().expect("cluster starts");
+/// A throwaway cluster of `major` and a superuser connection to it; `None`
+/// (outside CI) when that major is not installed.
+async fn cluster_of(major: u32) -> Option<(Cluster, tokio_postgres::Client)> {
+    let cluster = Cluster::builder()
+        .bin(major_bin(major)?)
+        .start()
+        .expect("cluster starts");
     let (admin, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(connection);
+    Some((cluster, admin))
+}
+
+async fn on_major(major: u32) {
+    let Some((cluster, admin)) = cluster_of(major).await else {
+        return;
+    };
     let version: String = admin
         .query_one("SHOW server_version", &[])
         .await
@@ -100,14 +109,9 @@ async fn transaction_and_idle_session_timeouts_never_end_a_shared_session_on_18(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_18_a_search_path_changed_by_user_code_quarantines_its_connection() {
-    let Some(bin) = major_bin(18) else {
+    let Some((cluster, admin)) = cluster_of(18).await else {
         return;
     };
-    let cluster = Cluster::builder().bin(bin).start().expect("cluster starts");
-    let (admin, connection) = tokio_postgres::connect(&cluster.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
     admin
         .batch_execute(
             "CREATE SCHEMA elsewhere; \
