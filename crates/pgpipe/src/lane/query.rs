@@ -145,17 +145,8 @@ async fn one(
     };
     let cost = pool.config().pipelining.then(|| Cost::of(pool, sql, slow));
     let result = match (clean, cost) {
-        // What must not share a pipeline: on a connection of its own.
-        // Boxed, as the path without pipelining below.
-        (Ok(clean), Some(cost)) if cost.alone => {
-            let deadline = pool.config().query_timeout;
-            Box::pin(alone::run_alone(
-                pool, sql, params, op, clean, waiting, deadline,
-            ))
-            .await
-        }
         // The shared path, inline: see `run`.
-        (Ok(clean), Some(cost)) => {
+        (Ok(clean), Some(cost)) if !cost.alone => {
             let router = pool.router();
             let settings = pool.run_settings();
             let mut retries = Retries::default();
@@ -238,10 +229,11 @@ async fn one(
                 }
             }
         }
-        // Boxed: a pool takes the path without pipelining always or never;
-        // carried inline, its state would size every pipelined query's
-        // future.
-        (Ok(clean), None) => {
+        // On a connection of its own: without pipelining, and what must not
+        // share a pipeline. Boxed: a pool takes the path without pipelining
+        // always or never, and the rest rarely; carried inline, its state
+        // would size every pipelined query's future.
+        (Ok(clean), _) => {
             let deadline = pool.config().query_timeout;
             Box::pin(alone::run_alone(
                 pool, sql, params, op, clean, waiting, deadline,
