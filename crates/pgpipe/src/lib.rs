@@ -84,3 +84,21 @@ pub use tokio_postgres;
 /// [`PoolBuilder::tls`] is of the version pgpipe was built with.
 #[cfg(feature = "rustls")]
 pub use rustls;
+
+/// Not part of the API (no semver promise): what the integration tests
+/// hold against a running server, the proof's catalog query and its model
+/// of where a catalog keeps code.
+#[doc(hidden)]
+pub mod __proof {
+    /// The catalog query the pool learns what statements can run from.
+    pub fn catalog_sql() -> &'static str {
+        &crate::protocol::catalog::CATALOG_SQL
+    }
+
+    /// Every catalog column the proof classifies, as `table.column`.
+    pub fn call_sites() -> impl Iterator<Item = &'static str> {
+        crate::protocol::catalog::sites::CALL_SITES
+            .iter()
+            .map(|(site, _)| *site)
+    }
+}

@@ -43,14 +43,14 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 use crate::metrics::CloseReason;
 use connect::Peer;
 pub(crate) use manager::Manager;
 use notifications::Notifications;
 pub(crate) use run::Target;
 pub(crate) use state::ConnState;
-use state::held::POOL_OWN;
+pub(crate) use state::held::POOL_OWN;
 use statement_cache::{StatementCache, Ticket};
 pub(crate) use wire::{HostSignal, PoolWire};
 
@@ -70,7 +70,7 @@ pub(crate) struct PgConn {
     /// When it was opened, and how long it may live (jittered).
     created: Instant,
     lifetime: Option<Duration>,
-    wire: Arc<PoolWire>,
+    pub(crate) wire: Arc<PoolWire>,
     /// The last user's session is not reset yet: the checkout that took it
     /// resets it together with its own first request (see
     /// [`manager::CALLER_RESETS`]), before anything of its user's is sent.
@@ -97,6 +97,7 @@ impl PgConn {
             descriptions: self.descriptions.as_ref(),
             state: &self.state,
             peer: &self.peer,
+            wire: &self.wire,
             heal: true,
         }
     }
@@ -120,11 +121,18 @@ impl PgConn {
     async fn reset(&self, rollback: bool) -> Result<(), Error> {
         // The pool's own, not a holder's statements (`begin()` and `commit()`
         // send it on a held connection).
+        if self.state.session.take_ddl() {
+            self.wire.catalog_changed();
+        }
         let mut sql = String::from(POOL_OWN);
         if rollback {
             sql.push_str("ROLLBACK; ");
         }
         sql.push_str(SESSION_CLEANUP);
+        if let Some(undo) = self.wire.catalog_full().undo() {
+            sql.push_str("; ");
+            sql.push_str(undo);
+        }
         // Their names, rather than a `DO` block that deallocates them: that
         // block cost about 0.1 ms of server time on every reset (pgbench,
         // one client), and there is rarely anything to deallocate.
@@ -138,6 +146,14 @@ impl PgConn {
         }
         let failed = |e| Error::from_query(e, self.client.is_closed());
         let answers = self.client.simple_query(&sql).await.map_err(failed)?;
+        if settings_counted(&answers).is_some_and(|n| self.wire.loaded_a_library(n)) {
+            self.closing(CloseReason::ResetFailed);
+            return Err(Error::new(
+                ErrorKind::ConnectionLost,
+                "a library was loaded into the session (it has more settings than a fresh \
+                 one); no reset unloads it, so the connection was closed",
+            ));
+        }
         let deallocate: Vec<String> = answers
             .iter()
             .filter_map(|answer| match answer {
@@ -189,9 +205,37 @@ impl PgConn {
 /// objects, sequence state (`lastval`), `LISTEN`s and held cursors. Not
 /// prepared statements (`DEALLOCATE ALL` would take the pool's own): the
 /// session cleanup counts those, and the reset deallocates them.
+///
+/// And what `DISCARD ALL` leaves that SQL can take back or tell: the
+/// session's random generator is seeded again from the server's strong
+/// source (what a `setseed()` left, by any route, is gone); a replication
+/// origin set up for the session is reset (where the role may ask); and
+/// the session's settings are counted (`pgpipe_settings`): a library that
+/// `LOAD` brought in adds its own, and no reset unloads it, so a session
+/// with more than the lane's fewest is closed
+/// ([`PoolWire::loaded_a_library`]). Installed extensions' per-backend
+/// state is taken back by the undo the catalog holds, run after this.
 pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
      SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
-     UNLISTEN *; CLOSE ALL";
+     UNLISTEN *; CLOSE ALL; SELECT pg_catalog.setseed(('x' || pg_catalog.left(pg_catalog.md5(\
+     pg_catalog.gen_random_uuid()::pg_catalog.text), 12))::pg_catalog.bit(48)::pg_catalog.int8 \
+     / 281474976710656.0), CASE WHEN pg_catalog.has_function_privilege(\
+     'pg_catalog.pg_replication_origin_session_is_setup()', 'execute') THEN CASE WHEN \
+     pg_catalog.pg_replication_origin_session_is_setup() THEN \
+     pg_catalog.pg_replication_origin_session_reset() END END, (SELECT pg_catalog.count(*) \
+     FROM pg_catalog.pg_settings) AS pgpipe_settings";
+
+/// The settings a cleanup or reset counted (see [`SESSION_CLEANUP`]).
+pub(crate) fn settings_counted(answers: &[SimpleQueryMessage]) -> Option<u64> {
+    answers.iter().find_map(|answer| match answer {
+        SimpleQueryMessage::Row(row)
+            if row.columns().get(2).map(|c| c.name()) == Some("pgpipe_settings") =>
+        {
+            row.get(2)?.parse().ok()
+        }
+        _ => None,
+    })
+}
 
 impl Drop for PgConn {
     fn drop(&mut self) {

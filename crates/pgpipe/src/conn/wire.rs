@@ -45,6 +45,25 @@ pub(crate) struct PoolWire {
     catalog_suspect: std::sync::atomic::AtomicBool,
     /// The guard's verdicts per SQL text, for the catalog's generation.
     verdicts: Verdicts,
+    /// DDL went out through the pool since the catalog was last read:
+    /// until it is read again, nothing is proven.
+    catalog_stale: std::sync::atomic::AtomicBool,
+    /// What the catalog's fingerprint was when it was last read.
+    pub(crate) catalog_fingerprint: Mutex<Option<Box<str>>>,
+    /// The fewest settings a session of this lane was seen with
+    /// (`u64::MAX` until one is): a session with more has a library
+    /// loaded into it that no reset unloads.
+    settings_floor: Floor,
+}
+
+/// The fewest settings seen; `u64::MAX` until the first.
+#[derive(Debug)]
+struct Floor(AtomicU64);
+
+impl Default for Floor {
+    fn default() -> Floor {
+        Floor(AtomicU64::new(u64::MAX))
+    }
 }
 
 /// What the connections to one host (its lanes' and its monitor's) tell
@@ -120,7 +139,34 @@ impl PoolWire {
         // The generation first: a catalog stored after it is read is at
         // worst judged under an older generation, and judged again.
         let generation = self.catalog_generation();
-        sql_guard::check_remembered(sql, || self.catalog_full(), generation, &self.verdicts)
+        let code =
+            sql_guard::check_remembered(sql, || self.catalog_full(), generation, &self.verdicts)?;
+        if code == Code::Known {
+            // DDL is never proven (see `sql_guard`): a verdict of `Known`
+            // needs only the one load.
+            return Ok(if self.catalog_stale.load(Ordering::Acquire) {
+                Code::Unknown
+            } else {
+                code
+            });
+        }
+        if sql_guard::changes_catalog(sql) {
+            self.catalog_changed();
+        }
+        Ok(code)
+    }
+
+    /// DDL went out through the pool (on any path): nothing is proven until
+    /// the catalog is read again, at the next housekeeping tick.
+    pub(crate) fn catalog_changed(&self) {
+        self.catalog_stale.store(true, Ordering::Release);
+        self.suspect_catalog();
+    }
+
+    /// A session showed `settings` settings (`pg_settings`): whether that
+    /// is more than the fewest any session of this lane showed.
+    pub(crate) fn loaded_a_library(&self, settings: u64) -> bool {
+        settings > self.settings_floor.0.fetch_min(settings, Ordering::AcqRel)
     }
 
     /// Whether a first load of the catalog was tried.
@@ -128,9 +174,16 @@ impl PoolWire {
         self.catalog_tried.load(Ordering::Acquire)
     }
 
-    /// A load of the catalog was tried.
+    /// A load of the catalog was tried (done, or failed): DDL sent before
+    /// it started is in it, or its window is the documented one.
     pub(crate) fn tried_catalog(&self) {
         self.catalog_tried.store(true, Ordering::Release);
+    }
+
+    /// The catalog is about to be read: whether DDL went out since it was
+    /// last read. DDL sent from now on makes it stale again.
+    pub(crate) fn reading_catalog(&self) -> bool {
+        self.catalog_stale.swap(false, Ordering::AcqRel)
     }
 
     /// A shared connection showed session state the guard let through:
@@ -157,6 +210,9 @@ impl PoolWire {
     /// Keeps what was learned of the catalog; a change bumps the
     /// generation.
     pub(crate) fn set_catalog(&self, catalog: Catalog) {
+        if let Some(settings) = catalog.settings() {
+            self.loaded_a_library(settings);
+        }
         if **self.catalog.load() != catalog {
             self.catalog.store(Arc::new(catalog));
             self.catalog_generation.fetch_add(1, Ordering::AcqRel);

@@ -127,6 +127,7 @@ impl Connection {
             descriptions,
             state,
             peer,
+            wire,
             ..
         } = &mut *self.object;
         let inner = options.apply(client.build_transaction()).start().await?;
@@ -135,6 +136,7 @@ impl Connection {
             descriptions: descriptions.as_ref(),
             state,
             peer,
+            wire,
             run: self.run,
         };
         Ok(Transaction::new(inner, parts))

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use tokio_postgres::Statement;
 
-use crate::conn::ConnState;
 use crate::conn::connect::Peer;
 use crate::conn::describe::Descriptions;
 use crate::conn::run::{self, RunSettings, Target};
 use crate::conn::statement_cache::StatementCache;
+use crate::conn::{ConnState, PoolWire};
 use crate::error::Error;
 
 /// A transaction, from [`Connection::transaction`](crate::Connection::transaction).
@@ -52,6 +52,7 @@ pub(crate) struct Parts<'a> {
     pub(crate) descriptions: Option<&'a Arc<Descriptions>>,
     pub(crate) state: &'a ConnState,
     pub(crate) peer: &'a Peer,
+    pub(crate) wire: &'a PoolWire,
     pub(crate) run: RunSettings,
 }
 
@@ -129,6 +130,7 @@ impl<'a> Transaction<'a> {
             descriptions: self.parts.descriptions,
             state: self.parts.state,
             peer: self.parts.peer,
+            wire: self.parts.wire,
             // A refused plan aborted the transaction: a retry would only
             // fail again, with a less useful error.
             heal: false,

@@ -28,7 +28,7 @@ use crate::conn::budget::{UnderBudget, stopped_by_budget};
 use crate::conn::run::{self, Prepare};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Counting;
-use crate::protocol::sql_guard::Code;
+use crate::protocol::sql_guard::{self, Code};
 use crate::shared::{Place, SharedConn};
 use crate::trace::Trace;
 
@@ -144,6 +144,8 @@ async fn one(
         Err(error) => Err(error),
     };
     let cost = pool.config().pipelining.then(|| Cost::of(pool, sql, slow));
+    // DDL is never proven: only code cleaned behind may be.
+    let unproven = matches!(clean, Ok(true));
     let result = match (clean, cost) {
         // The shared path, inline: see `run`.
         (Ok(clean), Some(cost)) if !cost.alone => {
@@ -242,6 +244,11 @@ async fn one(
         }
         (Err(error), _) => Err(error),
     };
+    if unproven && sql_guard::changes_catalog(sql) {
+        // Its answer came: read the catalog again even if a read raced the
+        // commit (see the lane's `catalog` module).
+        pool.wire().catalog_changed();
+    }
     if let Some(counting) = counting {
         counting.finish(result.as_ref().map(drop));
     }

@@ -4,16 +4,15 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::LazyLock;
 use std::task::Poll;
 
 use tokio_postgres::SimpleQueryMessage;
 
 use super::{Limits, Prepared, Target, Usable, send};
 use crate::answer::{Op, Reply};
-use crate::conn::SESSION_CLEANUP;
 use crate::conn::budget::{SHARED_GUARDS_SQL, budget_ms, budget_sql};
 use crate::conn::params::Params;
+use crate::conn::{POOL_OWN, SESSION_CLEANUP, settings_counted};
 use crate::error::Error;
 use crate::metrics::QuarantineReason;
 
@@ -90,47 +89,37 @@ pub(crate) async fn both_in_order<A: Future, B: Future>(
 
 /// Runs the session cleanup; see [`send_then_clean`].
 pub(crate) async fn clean_session(target: Target<'_>) {
-    static CLEANUP: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "{SESSION_CLEANUP}; SELECT count(*) FROM pg_catalog.pg_prepared_statements \
-             WHERE from_sql"
-        )
-    });
-    let with_hook;
     let session = &target.state.session;
-    let budget = session.budget().map(budget_ms);
-    let cleanup = match (
-        target.state.traits.after_connect(),
-        budget,
-        session.guarded(),
-    ) {
-        (None, None, false) => &*CLEANUP,
-        // The pool's own set-up, a shared session's guards and the
-        // head-of-line budget (`RESET ALL` undid them), again, before the
-        // count.
-        (after, budget, guarded) => {
-            with_hook = format!(
-                "{SESSION_CLEANUP}; {}{}{}SELECT count(*) FROM \
-                 pg_catalog.pg_prepared_statements WHERE from_sql",
-                after.map(|a| format!("{a}; ")).unwrap_or_default(),
-                if guarded {
-                    format!("{SHARED_GUARDS_SQL}; ")
-                } else {
-                    String::new()
-                },
-                budget
-                    .map(|ms| format!("{}; ", budget_sql(ms)))
-                    .unwrap_or_default(),
-            );
-            &with_hook
-        }
-    };
-    let clean = match target.client.simple_query(cleanup).await {
+    let catalog = target.wire.catalog_full();
+    let mut cleanup = format!("{POOL_OWN}{SESSION_CLEANUP}; ");
+    // The installed extensions' undo, then the pool's own set-up, a shared
+    // session's guards and the head-of-line budget (`RESET ALL` undid
+    // them), again, before the count.
+    for part in [catalog.undo(), target.state.traits.after_connect()]
+        .into_iter()
+        .flatten()
+    {
+        cleanup.push_str(part);
+        cleanup.push_str("; ");
+    }
+    if session.guarded() {
+        cleanup.push_str(SHARED_GUARDS_SQL);
+        cleanup.push_str("; ");
+    }
+    if let Some(ms) = session.budget().map(budget_ms) {
+        cleanup.push_str(&budget_sql(ms));
+        cleanup.push_str("; ");
+    }
+    cleanup.push_str("SELECT count(*) FROM pg_catalog.pg_prepared_statements WHERE from_sql");
+    let clean = match target.client.simple_query(&cleanup).await {
         Ok(messages) => {
-            messages.iter().rev().find_map(|m| match m {
+            let prepared = messages.iter().rev().find_map(|m| match m {
                 SimpleQueryMessage::Row(row) => row.get(0).map(|count| count == "0"),
                 _ => None,
-            }) == Some(true)
+            });
+            let library =
+                settings_counted(&messages).is_none_or(|n| target.wire.loaded_a_library(n));
+            prepared == Some(true) && !library
         }
         Err(_) => false,
     };

@@ -23,11 +23,11 @@ use std::time::Duration;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
-use super::ConnState;
 use super::connect::{Peer, send_cancel_request};
 use super::describe::Descriptions;
 use super::params::{self, Params};
 use super::statement_cache::{StatementCache, Ticket};
+use super::{ConnState, PoolWire};
 use crate::answer::{Op, Reply};
 use crate::error::Error;
 use crate::protocol::sql_guard;
@@ -49,6 +49,9 @@ pub(crate) struct Target<'a> {
     pub(crate) state: &'a ConnState,
     /// Where its socket went, for a cancel request.
     pub(crate) peer: &'a Peer,
+    /// What the lane knows of its database (the cleanup's undo for
+    /// installed extensions, the fewest settings a session had).
+    pub(crate) wire: &'a PoolWire,
     /// Whether a cached plan the server refused is prepared again and the
     /// query retried. Not inside a transaction: the refusal aborted it.
     pub(crate) heal: bool,

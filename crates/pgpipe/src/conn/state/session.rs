@@ -30,6 +30,9 @@ pub(crate) struct Session {
     budget_ms: AtomicU32,
     /// The limits that end a session are off in it (readied for sharing).
     guarded: AtomicBool,
+    /// Its user sent DDL: the lane's catalog is stale again when it comes
+    /// back (the DDL committed by then, or never will).
+    sent_ddl: AtomicBool,
 }
 
 impl Session {
@@ -44,6 +47,16 @@ impl Session {
     #[inline]
     pub(in crate::conn) fn set_tx_status(&self, status: u8) {
         self.tx_status.store(status, Ordering::Release);
+    }
+
+    /// Its user sent DDL (the tap saw it go out).
+    pub(in crate::conn) fn sent_ddl(&self) {
+        self.sent_ddl.store(true, Ordering::Release);
+    }
+
+    /// Whether its user sent DDL since the last call.
+    pub(in crate::conn) fn take_ddl(&self) -> bool {
+        self.sent_ddl.swap(false, Ordering::AcqRel)
     }
 
     /// Whether the session must be reset before its next user.

@@ -30,6 +30,8 @@ pub(super) struct WriteTally<'a> {
     syncs: u64,
     others: u64,
     lasting: bool,
+    /// DDL went out in it.
+    ddl: bool,
     /// Loaded once per write, at its first SQL.
     catalog: Option<Arc<Catalog>>,
     pool: &'a PoolWire,
@@ -42,6 +44,7 @@ pub(super) struct Written {
     syncs: u64,
     others: u64,
     lasting: bool,
+    ddl: bool,
 }
 
 impl<'a> WriteTally<'a> {
@@ -65,6 +68,7 @@ impl<'a> WriteTally<'a> {
             syncs: 0,
             others: 0,
             lasting: false,
+            ddl: false,
             catalog: None,
             pool,
             held,
@@ -82,10 +86,16 @@ impl<'a> WriteTally<'a> {
         // An exclusive connection's SQL is read as it goes out, whoever
         // sends it (the pool's methods, or the raw client a checkout derefs
         // to): what no reset undoes closes the connection when it comes back.
-        if let Some(body) = message.body.filter(|_| !self.shared) {
+        // The pool's own (its resets and cleanups) are not read.
+        let own = message.kind == b'Q' && message.prefix.starts_with(POOL_OWN.as_bytes());
+        if let Some(body) = message.body.filter(|_| !self.shared && !own) {
             let pool = self.pool;
             let catalog = self.catalog.get_or_insert_with(|| pool.catalog_full());
             self.lasting |= sql_guard::sends_lasting_state(message.kind, body, catalog);
+            if sql_guard::sends_ddl(message.kind, body) {
+                pool.catalog_changed();
+                self.ddl = true;
+            }
         }
         match message.kind {
             b'S' => self.syncs += 1,
@@ -115,6 +125,7 @@ impl<'a> WriteTally<'a> {
             syncs: self.syncs,
             others: self.others,
             lasting: self.lasting,
+            ddl: self.ddl,
         }
     }
 }
@@ -127,9 +138,13 @@ impl<S> TappedStream<S> {
             syncs,
             others,
             lasting,
+            ddl,
         } = written;
         if lasting {
             self.state.life.closing(CloseReason::ResetFailed);
+        }
+        if ddl {
+            self.state.session.sent_ddl();
         }
         if others > 0 {
             self.state.counts.wrote(others);

@@ -6,7 +6,9 @@
 use super::super::catalog::Catalog;
 use super::super::lasting::lasting;
 use super::super::lexer::{Lexer, Token};
-use super::{SESSION_GLOBALS, TRANSACTION_CONTROL, is, keyword_name, lexers, refused, scan};
+use super::{
+    SESSION_GLOBALS, TRANSACTION_CONTROL, changes_catalog, is, keyword_name, lexers, refused, scan,
+};
 use crate::error::{Error, ErrorKind};
 
 /// Refuses transaction control (`BEGIN`, `COMMIT`, `SAVEPOINT` …) in an
@@ -81,23 +83,50 @@ fn refused_without_session(statement: &[Token<'_>]) -> Option<&'static str> {
 /// body cut short, or SQL that is not UTF-8, cannot be read, and counts as
 /// leaving it.
 pub(crate) fn sends_lasting_state(kind: u8, body: Result<&[u8], &[u8]>, catalog: &Catalog) -> bool {
-    let Ok(body) = body else { return true };
-    let after_name = match kind {
-        b'P' => match body.iter().position(|&b| b == 0) {
-            Some(end) => &body[end + 1..],
-            None => return true,
+    sql_of(kind, body).is_none_or(|sql| {
+        leaves_lasting_state(sql)
+            || (catalog.lasting_code().is_some()
+                && scan(sql, |_| None, Some(catalog)) == Err(SESSION_GLOBALS))
+    })
+}
+
+/// Whether a `Query` or `Parse` message that went out with `body` (whole,
+/// or the start of it) sends DDL ([`changes_catalog`]): its statements'
+/// first words tell.
+pub(crate) fn sends_ddl(kind: u8, body: Result<&[u8], &[u8]>) -> bool {
+    let start = body.unwrap_or_else(|cut| cut);
+    let sql = match kind {
+        b'P' => match start.iter().position(|&b| b == 0) {
+            Some(end) => &start[end + 1..],
+            None => return false,
         },
+        _ => start,
+    };
+    let sql = sql
+        .iter()
+        .position(|&b| b == 0)
+        .map_or(sql, |end| &sql[..end]);
+    let readable = match std::str::from_utf8(sql) {
+        Ok(sql) => sql,
+        // Cut inside a character: what came before it.
+        Err(e) => std::str::from_utf8(&sql[..e.valid_up_to()]).unwrap_or_default(),
+    };
+    changes_catalog(readable)
+}
+
+/// The SQL of a `Query` (`Q`) or `Parse` (`P`) message's `body`, if it
+/// can be read: whole, UTF-8, and (for a `Parse`) with its name ended.
+fn sql_of<'a>(kind: u8, body: Result<&'a [u8], &[u8]>) -> Option<&'a str> {
+    let body = body.ok()?;
+    let after_name = match kind {
+        b'P' => &body[body.iter().position(|&b| b == 0)? + 1..],
         _ => body,
     };
     let sql = after_name
         .iter()
         .position(|&b| b == 0)
         .map_or(after_name, |end| &after_name[..end]);
-    std::str::from_utf8(sql).map_or(true, |sql| {
-        leaves_lasting_state(sql)
-            || (catalog.session_globals().is_some()
-                && scan(sql, |_| None, Some(catalog)) == Err(SESSION_GLOBALS))
-    })
+    std::str::from_utf8(sql).ok()
 }
 
 /// Whether `sql` leaves session state that no reset undoes (see

@@ -45,7 +45,8 @@ mod refusals;
 mod verdicts;
 
 pub(crate) use contexts::{
-    check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, sends_lasting_state,
+    check_in_atomic_batch, check_not_copy, check_through_transaction_pooler, sends_ddl,
+    sends_lasting_state,
 };
 use fast_path::plainly_harmless;
 pub(crate) use reads::reads_only;
@@ -119,7 +120,9 @@ pub(crate) fn groupable(sql: &str, catalog: &Catalog) -> bool {
     }
     !lexers(sql).any(|mut tokens| {
         tokens.any(|token| match token {
-            Token::Word(word) | Token::Quoted(word) => BREAKERS.iter().any(|b| is(word, b)),
+            Token::Word(word) | Token::Quoted(word) => {
+                BREAKERS.iter().any(|b| is(word, b)) || catalog.breaks_groups(word)
+            }
             _ => false,
         })
     })
@@ -138,6 +141,7 @@ fn scan(
     if plainly_harmless(sql.as_bytes())
         && catalog.is_none_or(|c| {
             c.is_loaded()
+                && c.nothing_proven().is_none()
                 && !c.any_word_names_user_code(sql.as_bytes())
                 && !c.mentions_user_operator(sql.as_bytes())
         })
@@ -153,26 +157,30 @@ fn scan(
     } else {
         conforming
     };
-    // Not learned yet (or not readable): the strict side.
-    let unknown_by_catalog =
-        catalog.is_some_and(|c| !c.is_loaded() || c.mentions_user_operator(sql.as_bytes()));
+    // Not learned yet (or not readable), or nothing provable there: the
+    // strict side.
+    let unknown_by_catalog = catalog.is_some_and(|c| {
+        !c.is_loaded() || c.nothing_proven().is_some() || c.mentions_user_operator(sql.as_bytes())
+    });
     let code = if unknown_by_catalog {
         Code::Unknown
     } else {
         code
     };
-    // Where user code may keep globals that outlive every reset, any of it
-    // may: nothing would undo them for the next task.
-    if code == Code::Unknown && catalog.is_some_and(|c| c.session_globals().is_some()) {
+    // Where unproven code may keep state that outlives every reset (a
+    // language's globals, an extension's per-backend state), any of it
+    // may: nothing would undo it for the next task.
+    if code == Code::Unknown && catalog.is_some_and(|c| c.lasting_code().is_some()) {
         return Err(SESSION_GLOBALS);
     }
     Ok(code)
 }
 
 /// Why user code is refused where functions use session-wide globals.
-pub(super) const SESSION_GLOBALS: &str = "user code, in a database whose functions are written \
-     in a language with session-wide globals (PL/Perl's %_SHARED, PL/Python's GD and SD, \
-     PL/Tcl's, plv8's), which no reset undoes,";
+pub(super) const SESSION_GLOBALS: &str = "code the guard cannot prove harmless, in a database \
+     whose functions are written in a language with session-wide globals (PL/Perl's %_SHARED, \
+     PL/Python's GD and SD, PL/Tcl's, plv8's) or with an extension not reviewed for the \
+     per-backend state it keeps, which no reset undoes,";
 
 /// The lexers a session could read `sql` with (see [`scan`]).
 fn lexers(sql: &str) -> impl Iterator<Item = Lexer<'_>> {
@@ -193,8 +201,15 @@ fn scan_with(
             if let Some(what) = refuse(&statement) {
                 return Err(what);
             }
-            if runs_unknown_code(&statement)
-                || catalog.is_some_and(|c| c.reaches_user_code(&statement))
+            let proven = |name: &[u8]| {
+                is(name, SPELLED_LOCAL) || catalog.is_some_and(|c| c.proves_call(name))
+            };
+            if runs_unknown_code(&statement, proven)
+                || !proven_kind(&statement)
+                || catalog.is_some_and(|c| {
+                    reaches_unproven(c, &statement)
+                        || (c.event_triggers() && !plain_dml(&statement))
+                })
             {
                 code = Code::Unknown;
             }
@@ -204,6 +219,96 @@ fn scan_with(
         }
     }
     Ok(code)
+}
+
+/// A volatile built-in the catalog leaves unproven (stored code may call
+/// it for the session), proven where a statement spells its call: the
+/// refusals let it through only with a third argument of `true`, which
+/// makes the setting end with the statement's own transaction.
+const SPELLED_LOCAL: &str = "set_config";
+
+/// Whether a statement names what may run unproven code (see
+/// [`SPELLED_LOCAL`] for the one call the refusals prove).
+fn reaches_unproven(catalog: &Catalog, statement: &[Token<'_>]) -> bool {
+    statement.iter().enumerate().any(|(i, token)| match token {
+        Token::Word(w) | Token::Quoted(w) => {
+            catalog.names_user_code(w)
+                && !(is(w, SPELLED_LOCAL) && statement.get(i + 1) == Some(&Token::Punct(b'(')))
+        }
+        _ => false,
+    })
+}
+
+/// Whether a statement is of a kind whose own work is proven (what it
+/// runs is checked by name): queries and DML, `EXPLAIN`, `SHOW`, `NOTIFY`
+/// and `TRUNCATE`. Deny by default: every other kind (DDL, which may fire
+/// event triggers, run a validator or a label provider, or evaluate
+/// stored expressions under a name the statement does not give;
+/// maintenance such as `VACUUM`, `ANALYZE`, `REINDEX` or `CLUSTER`, which
+/// evaluates index and statistics expressions) counts as unproven code.
+fn proven_kind(statement: &[Token<'_>]) -> bool {
+    const KINDS: [&str; 12] = [
+        "select", "insert", "update", "delete", "merge", "with", "values", "table", "explain",
+        "show", "notify", "truncate",
+    ];
+    match statement.first() {
+        None | Some(Token::Punct(b'(')) => true,
+        Some(Token::Word(w)) => KINDS.iter().any(|k| is(w, k)),
+        Some(_) => false,
+    }
+}
+
+/// Whether `sql` changes the catalog where the pool can see it: a
+/// statement that starts with `CREATE`, `ALTER`, `DROP` or `IMPORT`. What
+/// user code does (a function that runs DDL) is seen when the catalog's
+/// fingerprint moves (the lane's `catalog` module).
+pub(crate) fn changes_catalog(sql: &str) -> bool {
+    lexers(sql).any(|tokens| {
+        let mut first = true;
+        let mut found = false;
+        for token in tokens {
+            if token == Token::Punct(b';') {
+                first = true;
+                continue;
+            }
+            if std::mem::take(&mut first) {
+                if let Token::Word(w) = token {
+                    found |= ["create", "alter", "drop", "import"]
+                        .iter()
+                        .any(|k| is(w, k));
+                }
+            }
+        }
+        found
+    })
+}
+
+/// Whether a statement is plain DML, which fires no event trigger: it
+/// starts with `SELECT`, `WITH`, `VALUES` or `TABLE` and has no `INTO`
+/// (`SELECT … INTO` creates a table), or with `INSERT`, `UPDATE`,
+/// `DELETE` or `MERGE`.
+fn plain_dml(statement: &[Token<'_>]) -> bool {
+    let mut words = statement.iter().filter_map(|t| match t {
+        Token::Word(w) => Some(*w),
+        _ => None,
+    });
+    match words.next() {
+        Some(w)
+            if ["insert", "update", "delete", "merge"]
+                .iter()
+                .any(|k| is(w, k)) =>
+        {
+            true
+        }
+        Some(w)
+            if ["select", "with", "values", "table"]
+                .iter()
+                .any(|k| is(w, k)) =>
+        {
+            !words.any(|w| is(w, "into"))
+        }
+        _ => false,
+    }
 }
 
 fn refusal(what: &str) -> Error {
@@ -266,8 +371,13 @@ mod tests {
 
     #[test]
     fn what_the_catalog_says_reaches_user_code_is_unknown_code() {
-        let catalog =
-            Catalog::from_rows([("f", "md5"), ("r", "audited"), ("t", "mood"), ("o", "@@@")]);
+        let catalog = Catalog::from_rows([
+            ("f", "md5"),
+            ("r", "audited"),
+            ("t", "mood"),
+            ("o", "@@@"),
+            ("p", "sha256"),
+        ]);
         for sql in [
             "SELECT md5(1)",
             "SELECT public.md5($1)",
@@ -283,10 +393,95 @@ mod tests {
             super::check("SELECT sha256($1)", &catalog).unwrap(),
             Code::Known
         );
+        // Deny by default: a call the catalog does not prove (a function
+        // created after it was read) is unproven.
+        assert_eq!(
+            super::check("SELECT sha512($1)", &catalog).unwrap(),
+            Code::Unknown
+        );
         // Not learned yet: everything is unknown code; refusals still hold.
         let unknown = Catalog::default();
         assert_eq!(super::check("SELECT 1", &unknown).unwrap(), Code::Unknown);
         assert!(super::check("SET search_path TO x", &unknown).is_err());
+    }
+
+    #[test]
+    fn what_the_proof_says_of_the_database_holds() {
+        let proven = Catalog::from_rows([("p", "lower"), ("b", "tenant_view")]);
+        // A relation that may leave transaction-scoped state keeps its
+        // statement out of read groups, not off the shared path.
+        assert_eq!(
+            super::check("SELECT * FROM tenant_view", &proven).unwrap(),
+            Code::Known
+        );
+        assert!(!super::groupable("SELECT * FROM tenant_view", &proven));
+        assert!(super::groupable("SELECT lower(name) FROM t", &proven));
+        // Where a hook no name leads to runs unproven code, nothing is
+        // proven.
+        let nothing = Catalog::from_rows([("p", "lower"), ("x", "a default conversion")]);
+        for sql in ["SELECT 1", "SELECT lower(name) FROM t"] {
+            assert_eq!(super::check(sql, &nothing).unwrap(), Code::Unknown, "{sql}");
+        }
+        let unclassified = Catalog::from_rows([("u", "pg_new.hook")]);
+        assert_eq!(
+            super::check("SELECT 1", &unclassified).unwrap(),
+            Code::Unknown
+        );
+        // An event trigger runs on DDL, and on SELECT … INTO.
+        let triggered = Catalog::from_rows([("e", "an event trigger")]);
+        assert_eq!(
+            super::check("SELECT a FROM t", &triggered).unwrap(),
+            Code::Known
+        );
+        assert_eq!(
+            super::check("SELECT a INTO t2 FROM t", &triggered).unwrap_or(Code::Known),
+            Code::Unknown
+        );
+        // `set_config(…, true)` spelled is proven local by the refusals;
+        // reached through anything else, it is unproven.
+        let config = Catalog::from_rows([("f", "set_config")]);
+        assert_eq!(
+            super::check("SELECT set_config('app.tenant', $1, true)", &config).unwrap(),
+            Code::Known
+        );
+        assert_eq!(
+            super::check("SELECT x.set_config FROM t x", &config).unwrap(),
+            Code::Unknown
+        );
+    }
+
+    #[test]
+    fn only_queries_and_dml_are_proven_kinds_of_statement() {
+        for sql in [
+            "CREATE TABLE t (a int)",
+            "ALTER TABLE t ADD COLUMN b int",
+            "DROP VIEW v",
+            "VACUUM t",
+            "ANALYZE t",
+            "REINDEX INDEX i",
+            "CLUSTER t",
+            "REFRESH MATERIALIZED VIEW m",
+            "COMMENT ON TABLE t IS 'x'",
+            "SECURITY LABEL ON TABLE t IS 'x'",
+        ] {
+            assert_eq!(check(sql).unwrap(), Code::Unknown, "{sql}");
+        }
+        for sql in [
+            "SELECT 1",
+            "(SELECT 1)",
+            "TRUNCATE t",
+            "SHOW work_mem",
+            "EXPLAIN SELECT 1",
+            "NOTIFY jobs",
+            "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DELETE",
+        ] {
+            assert_eq!(check(sql).unwrap(), Code::Known, "{sql}");
+        }
+        assert!(changes_catalog("create view v as select 1"));
+        assert!(changes_catalog("SELECT 1; DROP TABLE t"));
+        assert!(!changes_catalog(
+            "SELECT 'create table'; UPDATE t SET drop = 1"
+        ));
     }
 
     /// The guard and the server read the same statement: each of these
