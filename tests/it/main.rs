@@ -24,6 +24,7 @@ mod listener;
 mod metrics;
 mod overload;
 mod owned_transactions;
+mod plants;
 mod pooler_transactions;
 mod pooler_wire;
 mod poolers;

@@ -133,22 +133,25 @@ async fn one(
         .flatten()
         .map(|metrics| Counting::start(metrics, pool.mode()));
     let waiting = counting.as_ref().map(Counting::started);
-    let clean = match admit(pool, sql, internal) {
-        Ok(Some(clean)) => Ok(clean),
+    let code = match admit(pool, sql, internal) {
+        Ok(Some(code)) => Ok(code),
         // A lane's first queries wait until it has tried to learn its
         // catalog, then are judged again (the verdict may change).
         Ok(None) => {
             crate::lane::catalog::ready(pool).await;
-            pool.wire().check(sql).map(|code| needs_cleanup(pool, code))
+            pool.wire().check(sql)
         }
         Err(error) => Err(error),
     };
+    let unproven = matches!(code, Ok(Code::Unknown));
+    let clean = code.map(|code| !internal && needs_cleanup(pool, code));
     let cost = pool.config().pipelining.then(|| Cost::of(pool, sql, slow));
-    // DDL is never proven: only code cleaned behind may be.
-    let unproven = matches!(clean, Ok(true));
     let result = match (clean, cost) {
-        // The shared path, inline: see `run`.
-        (Ok(clean), Some(cost)) if !cost.alone => {
+        // The shared path, inline: see `run`. Not for code the guard cannot
+        // prove: whatever it leaves in the session is there until its
+        // cleanup, and another task's query pipelined in between (from
+        // another thread, between the two) would see it.
+        (Ok(clean), Some(cost)) if !cost.alone && !unproven => {
             let router = pool.router();
             let settings = pool.run_settings();
             let mut retries = Retries::default();
@@ -278,14 +281,13 @@ enum Shared<'a> {
 }
 
 /// Admits `sql` to the lane: the guard's verdict, the pool open, the
-/// lane's housekeeping started. Whether the session is cleaned behind it,
-/// or `None` while the lane has not tried to learn its catalog (the
-/// guard's verdict may change once it has). The pool's own SQL
-/// (`internal`) is let through, never cleaned behind.
+/// lane's housekeeping started. The verdict, or `None` while the lane has
+/// not tried to learn its catalog (it may change once it has). The pool's
+/// own SQL (`internal`) is let through as proven, never cleaned behind.
 #[inline]
-fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<bool>, Error> {
+fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<Code>, Error> {
     if internal {
-        return Ok(Some(false));
+        return Ok(Some(Code::Known));
     }
     let code = pool.wire().check(sql)?;
     if pool.is_closed() {
@@ -295,7 +297,7 @@ fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<bool>, Er
     if !pool.wire().catalog_tried() {
         return Ok(None);
     }
-    Ok(Some(needs_cleanup(pool, code)))
+    Ok(Some(code))
 }
 
 /// Whether the session is cleaned right behind this query (see
