@@ -15,7 +15,8 @@ async fn running(admin: &tokio_postgres::Client, app: &str) -> i64 {
     admin
         .query_one(
             "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name = $1 AND state = 'active' AND query LIKE '%pg_sleep%'",
+             WHERE application_name = $1 AND state = 'active' AND query LIKE '%pg_sleep%' \
+               AND query NOT LIKE '/* pgpipe */%'",
             &[&app],
         )
         .await

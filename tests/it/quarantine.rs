@@ -1,6 +1,9 @@
-//! Wire quarantine: what the shared path's SQL guard cannot see (a function
-//! that changes a setting) is caught on the wire. The server reports the
-//! change with a `ParameterStatus`; the connection is taken out of use at
+//! Wire quarantine: what the shared path's SQL guard cannot see is caught
+//! on the wire. Code the guard cannot prove runs on a connection of its own
+//! (#43), so what is left to catch is the catalog's freshness window: a
+//! function created after the lane last read its catalog, under the name of
+//! a proven built-in, runs on the shared path. The server reports what it
+//! changes with a `ParameterStatus`; the connection is taken out of use at
 //! once and reset before anyone uses it again, so no other task's query
 //! sees the setting.
 
@@ -70,11 +73,38 @@ async fn a_function_that_changes_a_reported_setting_is_quarantined_on_the_wire()
     assert_eq!(application_name(&pool).await, app);
     assert_eq!(quarantined(&registry, "session_state"), 0.0);
 
+    // Named, the function is code the guard cannot prove: it runs on a
+    // connection of its own, and the shared path never sees it.
     let rows = pool
         .query(&format!("SELECT {schema}.f()"), &[])
         .await
-        .expect("the function runs: the guard does not look inside it");
+        .expect("the function runs");
     assert_eq!(rows[0].get::<_, i32>(0), 1);
+    assert_eq!(application_name(&pool).await, app);
+    assert_eq!(quarantined(&registry, "session_state"), 0.0);
+
+    // Under a proven built-in's name, created after the lane's last check
+    // of the catalog (a quiet lane checks no fingerprint: after a second
+    // of quiet, none is under way), the guard judges it by the catalog it
+    // has: proven, on the shared path. Only the wire can tell.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let overload = format!("{schema}_initcap");
+    admin()
+        .await
+        .batch_execute(&format!(
+            "CREATE FUNCTION public.initcap(integer) RETURNS int LANGUAGE plpgsql AS $f$
+             BEGIN PERFORM set_config('application_name', '{marker}', false); RETURN 1; END
+             $f$; COMMENT ON FUNCTION public.initcap(integer) IS '{overload}'"
+        ))
+        .await
+        .unwrap();
+    let rows = pool.query("SELECT initcap(1)", &[]).await;
+    admin()
+        .await
+        .batch_execute("DROP FUNCTION public.initcap(integer)")
+        .await
+        .unwrap();
+    assert_eq!(rows.expect("the overload runs")[0].get::<_, i32>(0), 1);
 
     // The ParameterStatus arrives before the function's answer, so the
     // quarantine is counted by the time the caller has its answer.

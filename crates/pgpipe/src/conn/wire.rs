@@ -45,6 +45,8 @@ pub(crate) struct PoolWire {
     catalog_suspect: std::sync::atomic::AtomicBool,
     /// The guard's verdicts per SQL text, for the catalog's generation.
     verdicts: Verdicts,
+    /// A statement was judged since the last fingerprint.
+    judged: std::sync::atomic::AtomicBool,
     /// DDL went out through the pool since the catalog was last read:
     /// until it is read again, nothing is proven.
     catalog_stale: std::sync::atomic::AtomicBool,
@@ -138,6 +140,11 @@ impl PoolWire {
     pub(crate) fn check(&self, sql: &str) -> Result<Code, Error> {
         // The generation first: a catalog stored after it is read is at
         // worst judged under an older generation, and judged again.
+        // Read first: the flag is written once per fingerprint, not per
+        // query.
+        if !self.judged.load(Ordering::Relaxed) {
+            self.judged.store(true, Ordering::Relaxed);
+        }
         let generation = self.catalog_generation();
         let code =
             sql_guard::check_remembered(sql, || self.catalog_full(), generation, &self.verdicts)?;
@@ -154,6 +161,11 @@ impl PoolWire {
             self.catalog_changed();
         }
         Ok(code)
+    }
+
+    /// Whether a statement was judged since the last call.
+    pub(crate) fn take_judged(&self) -> bool {
+        self.judged.swap(false, Ordering::Relaxed)
     }
 
     /// DDL went out through the pool (on any path): nothing is proven until

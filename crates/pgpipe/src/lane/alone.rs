@@ -27,10 +27,11 @@ use crate::exclusive::Holder;
 /// answer (a stalled network, a frozen server), and cancels.
 pub(super) const BACKSTOP: Duration = Duration::from_millis(500);
 
-/// Runs `sql` on a connection of its own, within `deadline` (what is left
-/// of the caller's `query_timeout`); `waiting` is when the caller started
-/// waiting, for the metrics. With `server_deadline`, the server enforces
-/// the deadline (see the module).
+/// Runs `sql` on a connection of its own, under `settings` (its answer's
+/// caps, and as its deadline what is left of the caller's
+/// `query_timeout`); `waiting` is when the caller started waiting, for the
+/// metrics. With pipelining on, the server enforces the deadline (see the
+/// module).
 pub(super) async fn run_alone(
     pool: &Arc<Lane>,
     sql: &str,
@@ -38,17 +39,14 @@ pub(super) async fn run_alone(
     op: Op,
     clean: bool,
     waiting: Option<Instant>,
-    deadline: Option<Duration>,
+    settings: RunSettings,
 ) -> Result<Reply, Error> {
     let conn = pool.checkout(Holder::Pool).await;
     pool.waited(waiting);
     let conn = conn?;
     let pg = conn.pg_conn();
     let target = pg.target();
-    let settings = RunSettings {
-        query_timeout: deadline,
-        ..pool.run_settings()
-    };
+    let deadline = settings.query_timeout;
     let Some(deadline) = deadline.filter(|_| pool.config().pipelining) else {
         return run::run_alone(target, sql, params, op, settings, clean).await;
     };

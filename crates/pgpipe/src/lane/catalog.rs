@@ -23,11 +23,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_postgres::SimpleQueryMessage;
-
-use crate::conn::POOL_OWN;
 use crate::error::Error;
-use crate::exclusive::Holder;
 use crate::lane::Lane;
 use crate::lane::query;
 use crate::protocol::catalog::{CATALOG_SQL, Catalog};
@@ -63,7 +59,10 @@ pub(crate) const FINGERPRINT_SQL: &str = "/* pgpipe */ SELECT pg_catalog.count(*
      UNION ALL SELECT xmin FROM pg_catalog.pg_extension UNION ALL SELECT xmin FROM pg_catalog.pg_namespace) c";
 
 /// Reads the catalog again if it may have changed (see the module docs),
-/// unless a read is under way.
+/// unless a read is under way. Only on a lane that judged a statement
+/// since the last check (an idle lane's connections may close; the next
+/// statement is judged by the catalog of the last check, and the tick
+/// after it checks again).
 pub(crate) async fn refresh(lane: Arc<Lane>) {
     let wire = lane.wire();
     let Ok(_loading) = wire.catalog_loading.try_lock() else {
@@ -130,40 +129,15 @@ async fn load(lane: &Arc<Lane>, first: bool) {
     }
 }
 
-/// The catalog query, on a connection of its own, as one simple query
-/// (one implicit transaction): it takes tens of milliseconds of server
-/// time on a small database, more on a large one, which no shared
-/// connection's neighbours should wait behind; and it is planned without
-/// JIT (its recursive closure is estimated far above `jit_above_cost`,
-/// and compiling it took seconds), which `SET LOCAL` leaves behind with
-/// the transaction. Without a connection of its own in time (a pool of
-/// one, a role's connection limit), on the shared path.
+/// The catalog query, as the pool's own on the lane's path. Tens of
+/// milliseconds of server time on a small database, more on a large one:
+/// past the head-of-line budget the server stops it and it runs again
+/// alone, as any statement would. It is planned without JIT where its
+/// estimates stay under `jit_above_cost` (see `proof.sql`).
 async fn read(lane: &Arc<Lane>) -> Result<Catalog, Error> {
-    let sql = format!("{POOL_OWN}SET LOCAL jit = off; {}", &*CATALOG_SQL);
-    let rows =
-        match tokio::time::timeout(FIRST_LOAD_PATIENCE / 2, lane.checkout(Holder::Pool)).await {
-            Ok(Ok(conn)) => {
-                let failed = |e| Error::from_query(e, conn.is_closed());
-                let messages = conn.simple_query(&sql).await.map_err(failed)?;
-                messages
-                    .into_iter()
-                    .filter_map(|m| match m {
-                        SimpleQueryMessage::Row(row) => {
-                            Some((row.get(0)?.to_owned(), row.get(1)?.to_owned()))
-                        }
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>()
-            }
-            _ => query::run_internal(lane, &CATALOG_SQL)
-                .await?
-                .into_rows()
-                .iter()
-                .filter_map(|row| Some((row.try_get(0).ok()?, row.try_get(1).ok()?)))
-                .collect(),
-        };
-    Ok(Catalog::from_rows(
-        rows.iter()
-            .map(|(kind, name)| (kind.as_str(), name.as_str())),
-    ))
+    let answer = query::run_internal(lane, &CATALOG_SQL).await?;
+    let rows = answer.into_rows();
+    Ok(Catalog::from_rows(rows.iter().filter_map(|row| {
+        Some((row.try_get(0).ok()?, row.try_get(1).ok()?))
+    })))
 }

@@ -19,7 +19,7 @@ use super::alone::BACKSTOP;
 use crate::answer::{Op, Reply};
 use crate::conn::PgConn;
 use crate::conn::budget::past_deadline;
-use crate::conn::run::{self, Late, Prepare, both_in_order};
+use crate::conn::run::{self, Late, Limits, Prepare, both_in_order};
 use crate::error::Error;
 use crate::shared::Place;
 use crate::shared::costs::CostKey;
@@ -32,7 +32,7 @@ pub(super) async fn evicted(
     pool: &Lane,
     place: Place<'_>,
     (sql, params, op): (&str, &[&(dyn ToSql + Sync)], Op),
-    clean: bool,
+    (clean, limits): (bool, Limits),
     key: Option<CostKey>,
     ran_for: Duration,
 ) -> Result<Reply, Error> {
@@ -54,7 +54,6 @@ pub(super) async fn evicted(
     let conn = &place.conn;
     let pg = conn.conn();
     let target = pg.target();
-    let limits = pool.run_settings().limits;
     let rerun = || async {
         let started = Instant::now();
         let query = run::run(

@@ -35,7 +35,9 @@ async fn run(pool: Weak<Lane>) {
         }
         let wire = pool.wire();
         let tick = wire.clock.fetch_add(1, Ordering::Relaxed) + 1;
-        if tick % crate::lane::catalog::FINGERPRINT_TICKS == 0 || wire.take_catalog_suspect() {
+        if (tick % crate::lane::catalog::FINGERPRINT_TICKS == 0 && wire.take_judged())
+            || wire.take_catalog_suspect()
+        {
             tokio::spawn(crate::lane::catalog::refresh(Arc::clone(&pool)));
         }
         let rotate = tick % WINDOW_TICKS == 0;

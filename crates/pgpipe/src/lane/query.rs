@@ -25,7 +25,7 @@ use super::retry::Retries;
 use crate::answer::{Op, Reply};
 use crate::config::SessionCleanup;
 use crate::conn::budget::{UnderBudget, stopped_by_budget};
-use crate::conn::run::{self, Prepare};
+use crate::conn::run::{self, Limits, Prepare, RunSettings};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::{self, Code};
@@ -153,7 +153,7 @@ async fn one(
         // another thread, between the two) would see it.
         (Ok(clean), Some(cost)) if !cost.alone && !unproven => {
             let router = pool.router();
-            let settings = pool.run_settings();
+            let settings = run_settings(pool, internal);
             let mut retries = Retries::default();
             let shared = loop {
                 let place = router.reserve(cost.is_slow()).await;
@@ -230,7 +230,8 @@ async fn one(
                 Shared::Done(result) => result,
                 Shared::Stopped(ran_for, place) => {
                     let query = (sql, params, op);
-                    Box::pin(evict::evicted(pool, place, query, clean, cost.key, ran_for)).await
+                    let run = (clean, settings.limits);
+                    Box::pin(evict::evicted(pool, place, query, run, cost.key, ran_for)).await
                 }
             }
         }
@@ -239,9 +240,9 @@ async fn one(
         // always or never, and the rest rarely; carried inline, its state
         // would size every pipelined query's future.
         (Ok(clean), _) => {
-            let deadline = pool.config().query_timeout;
+            let settings = run_settings(pool, internal);
             Box::pin(alone::run_alone(
-                pool, sql, params, op, clean, waiting, deadline,
+                pool, sql, params, op, clean, waiting, settings,
             ))
             .await
         }
@@ -298,6 +299,22 @@ fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<Code>, Er
         return Ok(None);
     }
     Ok(Some(code))
+}
+
+/// How a query runs: the pool's caps on answers, but not on the pool's own
+/// (the catalog's answer is thousands of names, whatever a caller's
+/// `max_result_rows`).
+#[inline]
+fn run_settings(pool: &Lane, internal: bool) -> RunSettings {
+    let settings = pool.run_settings();
+    if internal {
+        RunSettings {
+            limits: Limits::default(),
+            ..settings
+        }
+    } else {
+        settings
+    }
 }
 
 /// Whether the session is cleaned right behind this query (see

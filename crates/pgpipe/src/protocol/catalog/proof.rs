@@ -265,7 +265,8 @@ pub(crate) static CATALOG_SQL: LazyLock<String> = LazyLock::new(|| {
         .collect::<Vec<_>>()
         .join(" UNION ALL ");
     let reviewed = list(&mut REVIEWED_EXTENSIONS.iter().copied());
-    include_str!("proof.sql")
+    // Marked as the pool's own, as its other SQL is.
+    format!("/* pgpipe */ {}", include_str!("proof.sql"))
         .replace("$ALLOWED$", &list(&mut ALLOWED.iter().map(|(n, _)| *n)))
         .replace("$DENIED$", &list(&mut DENIED.iter().copied()))
         .replace("$GENERIC$", &list(&mut GENERIC.iter().copied()))

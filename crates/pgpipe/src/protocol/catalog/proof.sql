@@ -18,21 +18,15 @@ own AS (
            p.proname::pg_catalog.text IN (SELECT name FROM generic) AS generic
       FROM pg_catalog.pg_proc p),
 -- Unproven by its own row, or through what it carries: an aggregate's
--- support functions, a planner support function, the stored expressions
--- of its argument defaults and SQL body.
+-- support functions, a planner support function. (Its argument defaults
+-- and SQL body are a user function's, unproven by its id, or a built-in's,
+-- vouched for by its declared volatility.)
 proc_bad(oid) AS (
     SELECT oid FROM own WHERE bad
     UNION SELECT a.aggfnoid FROM pg_catalog.pg_aggregate a, own o
      WHERE o.bad AND o.oid IN (a.aggtransfn, a.aggfinalfn, a.aggcombinefn, a.aggserialfn,
                                a.aggdeserialfn, a.aggmtransfn, a.aggminvtransfn, a.aggmfinalfn)
-    UNION SELECT p.oid FROM pg_catalog.pg_proc p JOIN own o ON o.oid = p.prosupport WHERE o.bad
-    UNION SELECT p.oid FROM pg_catalog.pg_proc p,
-           pg_catalog.regexp_matches(pg_catalog.concat(p.proargdefaults::pg_catalog.text, ' ',
-                                                       p.prosqlbody::pg_catalog.text),
-                                     ':\w+ (\d+)', 'g') m
-     WHERE (p.proargdefaults IS NOT NULL OR p.prosqlbody IS NOT NULL)
-       AND pg_catalog.length(m[1]) < 11
-       AND m[1]::pg_catalog.int8 IN (SELECT oid FROM own WHERE bad)),
+    UNION SELECT p.oid FROM pg_catalog.pg_proc p JOIN own o ON o.oid = p.prosupport WHERE o.bad),
 op_bad(oid) AS (
     SELECT o.oid FROM pg_catalog.pg_operator o
      WHERE o.oprcode IN (SELECT oid FROM proc_bad) OR o.oprrest IN (SELECT oid FROM proc_bad)
@@ -72,7 +66,7 @@ stored(owner, tree) AS (
 -- every number that follows a field not known to hold something other
 -- than an object id, and every member of an oid list; from the catalog,
 -- the ids its columns hold.
-edge(used, owner) AS (
+edge_rows(used, owner) AS (
     SELECT DISTINCT n::pg_catalog.int8, s.owner::pg_catalog.int8 FROM stored s,
            LATERAL (SELECT m[2] FROM pg_catalog.regexp_matches(s.tree, ':(\w+) (\d+)', 'g') m
                      WHERE s.owner >= 16384 AND m[1] <> ALL ('{$NOT_IDS$}'::pg_catalog.text[])
@@ -87,7 +81,7 @@ edge(used, owner) AS (
                     SELECT m[1] FROM pg_catalog.regexp_matches(s.tree,
                         ':(?:funcid|opfuncid|opno|aggfnoid|winfnoid|relid|hashfuncid|negfuncid) (\d+)', 'g') m
                      WHERE s.owner < 16384) ids(n)
-     WHERE n <> '' AND pg_catalog.length(n) < 11
+     WHERE n <> '' AND pg_catalog.length(n) < 11 AND n::pg_catalog.int8 < 4294967296
     UNION ALL SELECT t.tgfoid, t.tgrelid FROM pg_catalog.pg_trigger t
     UNION ALL SELECT a.atttypid, a.attrelid FROM pg_catalog.pg_attribute a
      WHERE a.attnum > 0 AND NOT a.attisdropped
@@ -124,21 +118,33 @@ edge(used, owner) AS (
     UNION ALL SELECT r.rngsubdiff, r.rngtypid FROM pg_catalog.pg_range r WHERE r.rngsubdiff <> 0
     UNION ALL SELECT r.rngsubtype, r.rngtypid FROM pg_catalog.pg_range r
     UNION ALL SELECT r.rngtypid, r.rngmultitypid FROM pg_catalog.pg_range r
-    UNION ALL SELECT k.castfunc, k.castsource FROM pg_catalog.pg_cast k WHERE k.castfunc <> 0
-    UNION ALL SELECT k.castfunc, k.casttarget FROM pg_catalog.pg_cast k WHERE k.castfunc <> 0
-    UNION ALL SELECT x.trffromsql, x.trftype FROM pg_catalog.pg_transform x WHERE x.trffromsql <> 0
-    UNION ALL SELECT x.trftosql, x.trftype FROM pg_catalog.pg_transform x WHERE x.trftosql <> 0
+    -- A cast runs for values of the type it leads from or to that is not
+    -- built in (named, or a column's); between two built-in types, for
+    -- both (and then nothing is proven: see 'x' below).
+    UNION ALL SELECT k.castfunc, k.castsource FROM pg_catalog.pg_cast k
+     WHERE k.castfunc <> 0 AND (k.castsource >= 16384 OR k.casttarget < 16384)
+    UNION ALL SELECT k.castfunc, k.casttarget FROM pg_catalog.pg_cast k
+     WHERE k.castfunc <> 0 AND (k.casttarget >= 16384 OR k.castsource < 16384)
     -- Sorting, grouping and hashing a type use its default btree and
     -- hash operator classes without naming them.
     UNION ALL SELECT o.opcfamily, o.opcintype FROM pg_catalog.pg_opclass o
       JOIN pg_catalog.pg_am a ON a.oid = o.opcmethod
      WHERE o.opcdefault AND a.amname IN ('btree', 'hash')),
+-- The edges as one array, unnested: the planner estimates 100 rows for it
+-- rather than multiplying the closure's estimates far past
+-- jit_above_cost (JIT compiled this query for seconds).
+edge(used, owner) AS (
+    SELECT e >> 32, e & 4294967295 FROM pg_catalog.unnest(ARRAY(
+        SELECT used::pg_catalog.int8 << 32 | owner::pg_catalog.int8 FROM edge_rows)) e),
 -- Everything whose use may run an unproven function, and (a superset)
 -- everything that may leave transaction-scoped state a read group's later
 -- members would see.
+seed(oid) AS (
+    SELECT pg_catalog.unnest(ARRAY(
+        SELECT oid::pg_catalog.int8 FROM proc_bad UNION SELECT oid FROM op_bad
+        UNION SELECT oid FROM family_bad UNION SELECT oid FROM am_bad))),
 bad(oid) AS (
-    SELECT oid::pg_catalog.int8 FROM proc_bad UNION SELECT oid FROM op_bad
-    UNION SELECT oid FROM family_bad UNION SELECT oid FROM am_bad
+    SELECT oid FROM seed
     UNION SELECT e.owner FROM edge e JOIN bad b ON b.oid = e.used),
 breaks(oid) AS (
     SELECT oid FROM bad

@@ -27,7 +27,10 @@ pub(crate) const CALL_SITES: &[(&str, &str)] = &[
         "indexes and default classes' types (family_bad, edge)",
     ),
     ("pg_attrdef.adbin", "the relation (stored)"),
-    ("pg_cast.castfunc", "both types (edge)"),
+    (
+        "pg_cast.castfunc",
+        "the type it leads from or to that is not built in; both, between built-ins (edge)",
+    ),
     ("pg_class.relpartbound", "the partition (stored)"),
     ("pg_constraint.conbin", "the relation or domain (stored)"),
     (
@@ -60,8 +63,12 @@ pub(crate) const CALL_SITES: &[(&str, &str)] = &[
     ),
     ("pg_policy.polqual", "the relation (stored)"),
     ("pg_policy.polwithcheck", "the relation (stored)"),
-    ("pg_proc.proargdefaults", "the function (proc_bad)"),
-    ("pg_proc.prosqlbody", "the function (proc_bad)"),
+    (
+        "pg_proc.proargdefaults",
+        "the function's own row: a user function's is unproven by its id, a built-in's is \
+         vouched for by its declared volatility",
+    ),
+    ("pg_proc.prosqlbody", "as pg_proc.proargdefaults"),
     ("pg_proc.prosupport", "the function (proc_bad)"),
     (
         "pg_publication_rel.prqual",
@@ -75,8 +82,14 @@ pub(crate) const CALL_SITES: &[(&str, &str)] = &[
         "pg_statistic_ext.stxexprs",
         "the relation, which ANALYZE names (stored)",
     ),
-    ("pg_transform.trffromsql", "the type (edge)"),
-    ("pg_transform.trftosql", "the type (edge)"),
+    (
+        "pg_transform.trffromsql",
+        "never alone: only functions declaring the transform run it, and they are user code",
+    ),
+    (
+        "pg_transform.trftosql",
+        "never alone: only functions declaring the transform run it, and they are user code",
+    ),
     ("pg_trigger.tgfoid", "the relation (edge)"),
     ("pg_trigger.tgqual", "the relation (stored)"),
     ("pg_ts_parser.prsend", "everything, when not built in (x)"),
