@@ -30,6 +30,7 @@ mod pooler_wire;
 mod poolers;
 mod porting;
 mod primary_groups;
+mod proof_cleanup;
 mod proof_sites;
 mod quarantine;
 mod read_groups;

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use pgpipe_test_support::{Cluster, major_bin};
-use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+use tokio_postgres::{Client, NoTls};
 
 /// The server's own list of call sites, as `table.column`.
 const SITES_SQL: &str = "\
@@ -30,16 +30,18 @@ async fn plain(url: &str) -> Client {
 
 /// The catalog query's rows, `(kind, name)`, as the pool reads them.
 pub(crate) async fn catalog_rows(client: &Client) -> Vec<(String, String)> {
-    let sql = format!("SET LOCAL jit = off; {}", pgpipe::__proof::catalog_sql());
+    let builtin: Option<Vec<i64>> = client
+        .query_one(pgpipe::__proof::builtin_sql(), &[])
+        .await
+        .expect("the server's own edges are read")
+        .get(0);
+    let builtin = builtin.unwrap_or_default();
     client
-        .simple_query(&sql)
+        .query(pgpipe::__proof::catalog_sql(), &[&builtin])
         .await
         .expect("the catalog query runs")
-        .into_iter()
-        .filter_map(|m| match m {
-            SimpleQueryMessage::Row(row) => Some((row.get(0)?.to_owned(), row.get(1)?.to_owned())),
-            _ => None,
-        })
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
         .collect()
 }
 

@@ -90,9 +90,15 @@ pub use rustls;
 /// of where a catalog keeps code.
 #[doc(hidden)]
 pub mod __proof {
-    /// The catalog query the pool learns what statements can run from.
+    /// The catalog query the pool learns what statements can run from;
+    /// its `$1` is [`builtin_sql`]'s one answer, an `int8[]`.
     pub fn catalog_sql() -> &'static str {
         &crate::protocol::catalog::CATALOG_SQL
+    }
+
+    /// The edges of the server's own stored expressions.
+    pub fn builtin_sql() -> &'static str {
+        &crate::protocol::catalog::BUILTIN_SQL
     }
 
     /// Every catalog column the proof classifies, as `table.column`.

@@ -210,9 +210,11 @@ impl PgConn {
 /// session's random generator is seeded again from the server's strong
 /// source (what a `setseed()` left, by any route, is gone); a replication
 /// origin set up for the session is reset (where the role may ask); and
-/// the session's settings are counted (`pgpipe_settings`): a library that
-/// `LOAD` brought in adds its own, and no reset unloads it, so a session
-/// with more than the lane's fewest is closed
+/// the session's settings of a library that is no installed extension's or
+/// language's are counted (`pgpipe_settings`): a library that `LOAD`
+/// brought in adds its own, and no reset unloads it, so a session with
+/// more than the lane's fewest is closed (a language's or an extension's
+/// library, loaded by calling its functions, is the database's own)
 /// ([`PoolWire::loaded_a_library`]). Installed extensions' per-backend
 /// state is taken back by the undo the catalog holds, run after this.
 pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
@@ -223,7 +225,9 @@ pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RES
      'pg_catalog.pg_replication_origin_session_is_setup()', 'execute') THEN CASE WHEN \
      pg_catalog.pg_replication_origin_session_is_setup() THEN \
      pg_catalog.pg_replication_origin_session_reset() END END, (SELECT pg_catalog.count(*) \
-     FROM pg_catalog.pg_settings) AS pgpipe_settings";
+     FROM pg_catalog.pg_settings s WHERE s.name LIKE '%.%' AND pg_catalog.split_part(s.name, \
+     '.', 1) NOT IN (SELECT e.extname FROM pg_catalog.pg_extension e UNION ALL SELECT \
+     l.lanname FROM pg_catalog.pg_language l)) AS pgpipe_settings";
 
 /// The settings a cleanup or reset counted (see [`SESSION_CLEANUP`]).
 pub(crate) fn settings_counted(answers: &[SimpleQueryMessage]) -> Option<u64> {

@@ -50,6 +50,8 @@ pub(crate) struct PoolWire {
     /// DDL went out through the pool since the catalog was last read:
     /// until it is read again, nothing is proven.
     catalog_stale: std::sync::atomic::AtomicBool,
+    /// The edges of the server's own stored expressions, read once.
+    pub(crate) builtin_edges: Mutex<Option<Arc<[i64]>>>,
     /// What the catalog's fingerprint was when it was last read.
     pub(crate) catalog_fingerprint: Mutex<Option<Box<str>>>,
     /// The fewest settings a session of this lane was seen with

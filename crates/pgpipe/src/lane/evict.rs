@@ -19,7 +19,7 @@ use super::alone::BACKSTOP;
 use crate::answer::{Op, Reply};
 use crate::conn::PgConn;
 use crate::conn::budget::past_deadline;
-use crate::conn::run::{self, Late, Limits, Prepare, both_in_order};
+use crate::conn::run::{self, Late, Prepare, both_in_order};
 use crate::error::Error;
 use crate::shared::Place;
 use crate::shared::costs::CostKey;
@@ -32,16 +32,18 @@ pub(super) async fn evicted(
     pool: &Lane,
     place: Place<'_>,
     (sql, params, op): (&str, &[&(dyn ToSql + Sync)], Op),
-    (clean, limits): (bool, Limits),
+    (clean, internal): (bool, bool),
     key: Option<CostKey>,
     ran_for: Duration,
 ) -> Result<Reply, Error> {
     if let Some(key) = key {
         pool.router().costs().block(key);
     }
-    if let Some(metrics) = pool.metrics() {
+    // The pool's own (its catalog read) is not a caller's statement.
+    if let Some(metrics) = pool.metrics().filter(|_| !internal) {
         metrics.wire.evicted.inc();
     }
+    let limits = super::query::run_settings(pool, internal).limits;
     let left = pool
         .config()
         .query_timeout

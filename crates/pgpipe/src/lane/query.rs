@@ -80,11 +80,12 @@ pub(crate) fn run(
 /// Runs SQL of the pool's own that reads only the catalog with built-in
 /// functions: no guard, no cleanup, no wait for the catalog (it is the
 /// query that learns it), no span and not counted.
-pub(crate) fn run_internal(
-    pool: &Arc<Lane>,
-    sql: &str,
-) -> impl Future<Output = Result<Reply, Error>> {
-    one(pool, sql, &[], Op::Query, Who::Pool)
+pub(crate) fn run_internal<'a>(
+    pool: &'a Arc<Lane>,
+    sql: &'a str,
+    params: &'a [&'a (dyn ToSql + Sync)],
+) -> impl Future<Output = Result<Reply, Error>> + 'a {
+    one(pool, sql, params, Op::Query, Who::Pool)
 }
 
 /// Who runs a query.
@@ -230,7 +231,7 @@ async fn one(
                 Shared::Done(result) => result,
                 Shared::Stopped(ran_for, place) => {
                     let query = (sql, params, op);
-                    let run = (clean, settings.limits);
+                    let run = (clean, internal);
                     Box::pin(evict::evicted(pool, place, query, run, cost.key, ran_for)).await
                 }
             }
@@ -305,7 +306,7 @@ fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<Code>, Er
 /// (the catalog's answer is thousands of names, whatever a caller's
 /// `max_result_rows`).
 #[inline]
-fn run_settings(pool: &Lane, internal: bool) -> RunSettings {
+pub(super) fn run_settings(pool: &Lane, internal: bool) -> RunSettings {
     let settings = pool.run_settings();
     if internal {
         RunSettings {

@@ -38,7 +38,7 @@ pub(crate) mod sites;
 
 use rustc_hash::FxHashSet;
 
-pub(crate) use proof::CATALOG_SQL;
+pub(crate) use proof::{BUILTIN_SQL, CATALOG_SQL};
 
 /// A set of names, lower case, with filters that let most words skip it:
 /// bit `n` of `lengths` is set when a name is `n` bytes long (63 for
@@ -123,7 +123,8 @@ pub(crate) struct Catalog {
     event_triggers: bool,
     /// What the cleanup runs for extensions' per-backend state.
     undo: Option<Box<str>>,
-    /// Settings a session sees (`pg_settings`) where the catalog was read.
+    /// Settings of libraries that are no installed extension's or
+    /// language's, as a session sees them where the catalog was read.
     settings: Option<u64>,
 }
 

@@ -249,7 +249,16 @@ pub(crate) const NOT_IDS: &[&str] = &[
     "winref",
 ];
 
-/// The catalog query: `proof.sql` with the lists filled in.
+/// The edges of the server's own stored expressions, read once per lane
+/// (`builtin.sql`): one row, one `int8[]`, passed to [`CATALOG_SQL`] as
+/// `$1`.
+pub(crate) static BUILTIN_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!("/* pgpipe */ {}", include_str!("builtin.sql"))
+        .replace("$STORED$", include_str!("stored.sql"))
+});
+
+/// The catalog query: `proof.sql` with the lists filled in; `$1` is
+/// [`BUILTIN_SQL`]'s answer.
 pub(crate) static CATALOG_SQL: LazyLock<String> = LazyLock::new(|| {
     let list = |names: &mut dyn Iterator<Item = &str>| names.collect::<Vec<_>>().join(",");
     let undo = UNDO
@@ -267,6 +276,7 @@ pub(crate) static CATALOG_SQL: LazyLock<String> = LazyLock::new(|| {
     let reviewed = list(&mut REVIEWED_EXTENSIONS.iter().copied());
     // Marked as the pool's own, as its other SQL is.
     format!("/* pgpipe */ {}", include_str!("proof.sql"))
+        .replace("$STORED$", include_str!("stored.sql"))
         .replace("$ALLOWED$", &list(&mut ALLOWED.iter().map(|(n, _)| *n)))
         .replace("$DENIED$", &list(&mut DENIED.iter().copied()))
         .replace("$GENERIC$", &list(&mut GENERIC.iter().copied()))

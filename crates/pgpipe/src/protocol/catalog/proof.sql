@@ -36,32 +36,9 @@ family_bad(oid) AS (
     UNION SELECT a.amopfamily FROM pg_catalog.pg_amop a WHERE a.amopopr IN (SELECT oid FROM op_bad)),
 am_bad(oid) AS (
     SELECT a.oid FROM pg_catalog.pg_am a WHERE a.amhandler IN (SELECT oid FROM proc_bad)),
--- Stored expressions (the server's parse trees, pg_node_tree) by the
--- object whose use evaluates them.
+-- Stored expressions (stored.sql).
 stored(owner, tree) AS (
-    SELECT a.adrelid, a.adbin::pg_catalog.text FROM pg_catalog.pg_attrdef a
-    UNION ALL SELECT CASE WHEN c.conrelid <> 0 THEN c.conrelid ELSE c.contypid END,
-                     c.conbin::pg_catalog.text
-      FROM pg_catalog.pg_constraint c WHERE c.conbin IS NOT NULL
-    UNION ALL SELECT i.indrelid, pg_catalog.concat(i.indexprs::pg_catalog.text, ' ',
-                                                   i.indpred::pg_catalog.text)
-      FROM pg_catalog.pg_index i WHERE i.indexprs IS NOT NULL OR i.indpred IS NOT NULL
-    UNION ALL SELECT c.oid, c.relpartbound::pg_catalog.text
-      FROM pg_catalog.pg_class c WHERE c.relpartbound IS NOT NULL
-    UNION ALL SELECT p.partrelid, p.partexprs::pg_catalog.text
-      FROM pg_catalog.pg_partitioned_table p WHERE p.partexprs IS NOT NULL
-    UNION ALL SELECT p.polrelid, pg_catalog.concat(p.polqual::pg_catalog.text, ' ',
-                                                   p.polwithcheck::pg_catalog.text)
-      FROM pg_catalog.pg_policy p
-    UNION ALL SELECT r.ev_class, pg_catalog.concat(r.ev_action::pg_catalog.text, ' ',
-                                                   r.ev_qual::pg_catalog.text)
-      FROM pg_catalog.pg_rewrite r
-    UNION ALL SELECT t.tgrelid, t.tgqual::pg_catalog.text
-      FROM pg_catalog.pg_trigger t WHERE t.tgqual IS NOT NULL
-    UNION ALL SELECT s.stxrelid, s.stxexprs::pg_catalog.text
-      FROM pg_catalog.pg_statistic_ext s WHERE s.stxexprs IS NOT NULL
-    UNION ALL SELECT t.oid, t.typdefaultbin::pg_catalog.text
-      FROM pg_catalog.pg_type t WHERE t.typdefaultbin IS NOT NULL),
+$STORED$),
 -- Edges: using `owner` may run what `used` is. From a stored expression,
 -- every number that follows a field not known to hold something other
 -- than an object id, and every member of an oid list; from the catalog,
@@ -73,15 +50,10 @@ edge_rows(used, owner) AS (
                     UNION ALL
                     SELECT pg_catalog.unnest(pg_catalog.string_to_array(m[1], ' '))
                       FROM pg_catalog.regexp_matches(s.tree, ':\w+ \(o ([\d ]*)\)', 'g') m
-                     WHERE s.owner >= 16384
-                    -- The server's own objects (system views) cannot be
-                    -- altered: the fields that name code and relations
-                    -- are enough there, and far cheaper to find.
-                    UNION ALL
-                    SELECT m[1] FROM pg_catalog.regexp_matches(s.tree,
-                        ':(?:funcid|opfuncid|opno|aggfnoid|winfnoid|relid|hashfuncid|negfuncid) (\d+)', 'g') m
-                     WHERE s.owner < 16384) ids(n)
+                     WHERE s.owner >= 16384) ids(n)
      WHERE n <> '' AND pg_catalog.length(n) < 11 AND n::pg_catalog.int8 < 4294967296
+    -- The server's own objects' (builtin.sql, read once per lane: $1).
+    UNION ALL SELECT e >> 32, e & 4294967295 FROM pg_catalog.unnest($1::pg_catalog.int8[]) e
     UNION ALL SELECT t.tgfoid, t.tgrelid FROM pg_catalog.pg_trigger t
     UNION ALL SELECT a.atttypid, a.attrelid FROM pg_catalog.pg_attribute a
      WHERE a.attnum > 0 AND NOT a.attisdropped
@@ -206,4 +178,7 @@ UNION SELECT 'x', 'a built-in scalar type' WHERE EXISTS (
        AND NOT EXISTS (SELECT FROM pg_catalog.pg_type e WHERE e.oid = t.typelem AND e.typrelid <> 0))
 UNION SELECT 'u', site FROM sites WHERE site <> ALL ('{$CALL_SITES$}'::pg_catalog.text[])
 UNION SELECT 'c', $UNDO$
-UNION SELECT 's', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_settings)::pg_catalog.text
+UNION SELECT 's', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_settings s
+    WHERE s.name LIKE '%.%' AND pg_catalog.split_part(s.name, '.', 1) NOT IN (
+        SELECT e.extname FROM pg_catalog.pg_extension e
+        UNION ALL SELECT l.lanname FROM pg_catalog.pg_language l))::pg_catalog.text
