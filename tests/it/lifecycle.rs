@@ -110,7 +110,17 @@ async fn close_refuses_new_work_at_once_and_lets_running_queries_finish() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Until all ten are running (a lane's first queries wait for its
+    // catalog read first; a busy machine takes longer to send them).
+    let admitted = Instant::now();
+    while pool.status().in_flight < 10 {
+        assert!(
+            admitted.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            pool.status()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     pool.close();
     let start = Instant::now();
     assert_eq!(
