@@ -302,6 +302,7 @@ async fn adversary(admin: &Client, server_url: &str) -> Vec<String> {
         let pool = Pool::builder()
             .url(&garden.url)
             .max_size(1)
+            .max_exclusive(1)
             .pipelining(true)
             .build()
             .unwrap();

@@ -224,3 +224,53 @@ async fn ddl_from_elsewhere_is_seen_within_the_fingerprints_second() {
     assert_eq!(planted(&pool).await, "", "a view made elsewhere");
     db.drop(pool).await;
 }
+
+/// The cleanup and the reset name nothing a plain role may not run (the
+/// server checks every function a statement names before it runs it, and
+/// a cleanup that fails closes the connection): a role without privileges
+/// keeps its connection across resets and behind code the guard cannot
+/// prove.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_roles_connection_is_cleaned_and_kept() {
+    let role = unique("pgpipe_plain");
+    let (db, _setup) = Database::new(&format!(
+        "CREATE ROLE {role} LOGIN; \
+         CREATE FUNCTION mine() RETURNS int LANGUAGE sql AS 'SELECT 1'; \
+         GRANT EXECUTE ON FUNCTION mine() TO {role}"
+    ))
+    .await;
+    let url = db.url.replacen("postgres@", &format!("{role}@"), 1);
+    let pool = Pool::builder()
+        .url(&url)
+        .max_size(1)
+        .max_exclusive(1)
+        .pipelining(true)
+        .build()
+        .unwrap();
+    let pid = |pool: Pool| async move {
+        pool.query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get::<_, i32>(0)
+    };
+    let first = pid(pool.clone()).await;
+    for _ in 0..3 {
+        // Behind code the guard cannot prove, cleaned.
+        pool.query("SELECT mine()", &[]).await.unwrap();
+        // Through get(), reset.
+        let held = pool.get().await.unwrap();
+        held.batch_execute("SET work_mem = '7MB'").await.unwrap();
+        drop(held);
+    }
+    assert_eq!(
+        pid(pool.clone()).await,
+        first,
+        "the connection was replaced"
+    );
+    db.drop(pool).await;
+    admin()
+        .await
+        .batch_execute(&format!("DROP ROLE {role}"))
+        .await
+        .unwrap();
+}

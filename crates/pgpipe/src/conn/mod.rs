@@ -133,6 +133,10 @@ impl PgConn {
             sql.push_str("; ");
             sql.push_str(undo);
         }
+        if let Some(floor) = self.wire.settings_floor() {
+            sql.push_str("; ");
+            sql.push_str(&end_if_loaded(floor));
+        }
         // Their names, rather than a `DO` block that deallocates them: that
         // block cost about 0.1 ms of server time on every reset (pgbench,
         // one client), and there is rarely anything to deallocate.
@@ -208,26 +212,49 @@ impl PgConn {
 ///
 /// And what `DISCARD ALL` leaves that SQL can take back or tell: the
 /// session's random generator is seeded again from the server's strong
-/// source (what a `setseed()` left, by any route, is gone); a replication
-/// origin set up for the session is reset (where the role may ask); and
+/// source (what a `setseed()` left, by any route, is gone); and
 /// the session's settings of a library that is no installed extension's or
 /// language's are counted (`pgpipe_settings`): a library that `LOAD`
 /// brought in adds its own, and no reset unloads it, so a session with
 /// more than the lane's fewest is closed (a language's or an extension's
 /// library, loaded by calling its functions, is the database's own)
 /// ([`PoolWire::loaded_a_library`]). Installed extensions' per-backend
-/// state is taken back by the undo the catalog holds, run after this.
-pub(crate) const SESSION_CLEANUP: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
+/// state, and a replication origin set up for the session where the role
+/// may set one up, are taken back by the undo the catalog holds, run after
+/// this. (Nothing here names a function the role may not execute: the
+/// server checks that before it runs a statement, and a cleanup that
+/// fails closes the connection.)
+pub(crate) const SESSION_CLEANUP: &str = concat!(
+    "SET SESSION AUTHORIZATION DEFAULT; RESET ALL; \
      SELECT pg_catalog.pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES; \
      UNLISTEN *; CLOSE ALL; SELECT pg_catalog.setseed(('x' || pg_catalog.left(pg_catalog.md5(\
      pg_catalog.gen_random_uuid()::pg_catalog.text), 12))::pg_catalog.bit(48)::pg_catalog.int8 \
-     / 281474976710656.0), CASE WHEN pg_catalog.has_function_privilege(\
-     'pg_catalog.pg_replication_origin_session_is_setup()', 'execute') THEN CASE WHEN \
-     pg_catalog.pg_replication_origin_session_is_setup() THEN \
-     pg_catalog.pg_replication_origin_session_reset() END END, (SELECT pg_catalog.count(*) \
-     FROM pg_catalog.pg_settings s WHERE s.name LIKE '%.%' AND pg_catalog.split_part(s.name, \
-     '.', 1) NOT IN (SELECT e.extname FROM pg_catalog.pg_extension e UNION ALL SELECT \
-     l.lanname FROM pg_catalog.pg_language l)) AS pgpipe_settings";
+     / 281474976710656.0), ",
+    foreign_settings!(),
+    " AS pgpipe_settings"
+);
+
+/// The settings a session has of libraries that are no installed
+/// extension's or language's: what a `LOAD` adds (see [`SESSION_CLEANUP`]).
+macro_rules! foreign_settings {
+    () => {
+        "(SELECT pg_catalog.count(*) FROM pg_catalog.pg_settings s WHERE s.name LIKE '%.%' \
+         AND pg_catalog.split_part(s.name, '.', 1) NOT IN (SELECT e.extname FROM \
+         pg_catalog.pg_extension e UNION ALL SELECT l.lanname FROM pg_catalog.pg_language l))"
+    };
+}
+use foreign_settings;
+
+/// Ends the reset's own session, server-side, when it has more such
+/// settings than `floor`: a reset that rides with the next user's first
+/// request (`begin()`) must stop that request from running on it, and a
+/// session that ends does (the request fails unsent).
+fn end_if_loaded(floor: u64) -> String {
+    format!(
+        "SELECT pg_catalog.pg_terminate_backend(pg_catalog.pg_backend_pid()) WHERE {} > {floor}",
+        foreign_settings!()
+    )
+}
 
 /// The settings a cleanup or reset counted (see [`SESSION_CLEANUP`]).
 pub(crate) fn settings_counted(answers: &[SimpleQueryMessage]) -> Option<u64> {

@@ -49,7 +49,10 @@ pub(crate) struct PoolWire {
     judged: std::sync::atomic::AtomicBool,
     /// DDL went out through the pool since the catalog was last read:
     /// until it is read again, nothing is proven.
-    catalog_stale: std::sync::atomic::AtomicBool,
+    /// Counted up at each: stale while it differs from `catalog_fresh`.
+    catalog_ddl: AtomicU64,
+    /// The count of DDL the catalog in use was read after.
+    catalog_fresh: AtomicU64,
     /// The edges of the server's own stored expressions, read once.
     pub(crate) builtin_edges: Mutex<Option<Arc<[i64]>>>,
     /// What the catalog's fingerprint was when it was last read.
@@ -153,11 +156,9 @@ impl PoolWire {
         if code == Code::Known {
             // DDL is never proven (see `sql_guard`): a verdict of `Known`
             // needs only the one load.
-            return Ok(if self.catalog_stale.load(Ordering::Acquire) {
-                Code::Unknown
-            } else {
-                code
-            });
+            let stale = self.catalog_ddl.load(Ordering::Acquire)
+                != self.catalog_fresh.load(Ordering::Acquire);
+            return Ok(if stale { Code::Unknown } else { code });
         }
         if sql_guard::changes_catalog(sql) {
             self.catalog_changed();
@@ -173,8 +174,14 @@ impl PoolWire {
     /// DDL went out through the pool (on any path): nothing is proven until
     /// the catalog is read again, at the next housekeeping tick.
     pub(crate) fn catalog_changed(&self) {
-        self.catalog_stale.store(true, Ordering::Release);
+        self.catalog_ddl.fetch_add(1, Ordering::AcqRel);
         self.suspect_catalog();
+    }
+
+    /// The fewest settings of libraries no extension or language installed
+    /// any session of this lane showed, once one did.
+    pub(crate) fn settings_floor(&self) -> Option<u64> {
+        Some(self.settings_floor.0.load(Ordering::Acquire)).filter(|&n| n != u64::MAX)
     }
 
     /// A session showed `settings` settings (`pg_settings`): whether that
@@ -194,10 +201,18 @@ impl PoolWire {
         self.catalog_tried.store(true, Ordering::Release);
     }
 
-    /// The catalog is about to be read: whether DDL went out since it was
-    /// last read. DDL sent from now on makes it stale again.
-    pub(crate) fn reading_catalog(&self) -> bool {
-        self.catalog_stale.swap(false, Ordering::AcqRel)
+    /// The catalog is about to be read: the count of DDL it will reflect
+    /// (hand it to [`read_catalog`](PoolWire::read_catalog)), and whether
+    /// DDL went out since the catalog in use was read.
+    pub(crate) fn reading_catalog(&self) -> (u64, bool) {
+        let ddl = self.catalog_ddl.load(Ordering::Acquire);
+        (ddl, ddl != self.catalog_fresh.load(Ordering::Acquire))
+    }
+
+    /// The catalog in use reflects the DDL counted at `ddl` (installed, or
+    /// found unchanged): stale no more, unless more went out since.
+    pub(crate) fn read_catalog(&self, ddl: u64) {
+        self.catalog_fresh.fetch_max(ddl, Ordering::AcqRel);
     }
 
     /// A shared connection showed session state the guard let through:

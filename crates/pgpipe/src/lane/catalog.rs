@@ -100,7 +100,7 @@ async fn first_load(lane: &Arc<Lane>) {
 /// out through the pool, or when `first`.
 async fn load(lane: &Arc<Lane>, first: bool) {
     let wire = lane.wire();
-    let stale = wire.reading_catalog();
+    let (ddl, stale) = wire.reading_catalog();
     let fingerprint = match query::run_internal(lane, FINGERPRINT_SQL, &[]).await {
         Ok(answer) => answer
             .into_rows()
@@ -111,12 +111,17 @@ async fn load(lane: &Arc<Lane>, first: bool) {
     let known = lock(&wire.catalog_fingerprint).clone();
     let moved = fingerprint.is_none() || fingerprint.as_deref() != known.as_deref();
     if !(first || stale || moved || !wire.catalog_full().is_loaded()) {
+        // Unchanged since the catalog in use was read (DDL that had not
+        // committed when the fingerprint was read is counted again at
+        // its answer).
+        wire.read_catalog(ddl);
         return;
     }
     match read(lane).await {
         Ok(catalog) => {
             *lock(&wire.catalog_fingerprint) = fingerprint.map(Into::into);
             wire.set_catalog(catalog);
+            wire.read_catalog(ddl);
         }
         #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
         Err(e) => {

@@ -232,6 +232,13 @@ impl Lane {
     /// Checks out an exclusive connection; see [`Pool::get`](crate::Pool::get).
     pub(crate) async fn checkout(self: &Arc<Self>, holder: Holder) -> Result<Connection, Error> {
         housekeeping::start(self);
+        // A caller's connection is read by its tap and reset when it comes
+        // back: both by what the catalog says (a language's globals, the
+        // settings a fresh session has). The pool's own checkouts are
+        // what reads it, without pipelining.
+        if holder != Holder::Pool {
+            catalog::ready(self).await;
+        }
         self.exclusive.checkout(&self.router, holder).await
     }
 

@@ -178,6 +178,15 @@ UNION SELECT 'x', 'a built-in scalar type' WHERE EXISTS (
        AND NOT EXISTS (SELECT FROM pg_catalog.pg_type e WHERE e.oid = t.typelem AND e.typrelid <> 0))
 UNION SELECT 'u', site FROM sites WHERE site <> ALL ('{$CALL_SITES$}'::pg_catalog.text[])
 UNION SELECT 'c', $UNDO$
+-- A session's replication origin, where the role may set one up (the
+-- functions are revoked from PUBLIC: named in the cleanup of a role that
+-- may not, they would fail it).
+UNION SELECT 'c', 'SELECT pg_catalog.pg_replication_origin_session_reset() '
+               || 'WHERE pg_catalog.pg_replication_origin_session_is_setup()'
+ WHERE pg_catalog.has_function_privilege(
+           'pg_catalog.pg_replication_origin_session_reset()', 'execute')
+   AND pg_catalog.has_function_privilege(
+           'pg_catalog.pg_replication_origin_session_is_setup()', 'execute')
 UNION SELECT 's', (SELECT pg_catalog.count(*) FROM pg_catalog.pg_settings s
     WHERE s.name LIKE '%.%' AND pg_catalog.split_part(s.name, '.', 1) NOT IN (
         SELECT e.extname FROM pg_catalog.pg_extension e
