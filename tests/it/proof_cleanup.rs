@@ -44,10 +44,13 @@ impl Database {
         (Database { name, url }, client)
     }
 
+    /// One connection for every path, so that the next user meets the
+    /// session the last one left.
     fn pool(&self) -> Pool {
         Pool::builder()
             .url(&self.url)
             .max_size(1)
+            .max_exclusive(1)
             .pipelining(true)
             .build()
             .unwrap()
