@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use pgpipe::Pool;
 use pgpipe_test_support::{Cluster, major_bin, unique, with_param};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// A session change a built-in makes, and how a task sees it.
 #[derive(Clone, Copy, Debug)]
@@ -205,10 +205,11 @@ const SYSTEM_RULE: Site = Site {
 const OBSERVE: &str = "SELECT coalesce(current_setting('pgpipe.leak', true), '') || '/' || \
      current_setting('work_mem') || '/' || random()::text";
 
+/// A plain connection of the test's own.
 async fn plain(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
+    pgpipe_test_support::connect(url)
+        .await
+        .expect("a plain connection")
 }
 
 /// The plant's schema, role and objects, for one change.

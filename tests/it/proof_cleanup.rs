@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use pgpipe::{ErrorKind, Pool};
 use pgpipe_test_support::{admin, server_url, unique};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
+/// A plain connection of the test's own.
 async fn plain(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
+    pgpipe_test_support::connect(url)
+        .await
+        .expect("a plain connection")
 }
 
 /// A database of the test's own, set up with `sql`; its URL (as the

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 
 use pgpipe_test_support::{Cluster, major_bin};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 /// The server's own list of call sites, as `table.column`.
 const SITES_SQL: &str = "\
@@ -22,10 +22,11 @@ const SITES_SQL: &str = "\
       FROM pg_catalog.pg_get_catalog_foreign_keys() k
      WHERE k.pktable = 'pg_catalog.pg_proc'::regclass";
 
+/// A plain connection of the test's own.
 async fn plain(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
+    pgpipe_test_support::connect(url)
+        .await
+        .expect("a plain connection")
 }
 
 /// The catalog query's rows, `(kind, name)`, as the pool reads them.
