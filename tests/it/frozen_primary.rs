@@ -30,7 +30,13 @@ async fn writes_waiting_for_a_frozen_primary_move_to_the_new_one_when_it_is_elec
         .build()
         .unwrap();
     let table = unique("frozen");
-    pool.execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"), &[])
+    // Made on a plain connection: DDL through the pool leaves nothing
+    // proven until the lane reads its catalog again, which a primary frozen
+    // a moment later would not let it do (its writes would run alone).
+    connect(&set.primary.url())
+        .await
+        .unwrap()
+        .batch_execute(&format!("CREATE TABLE {table} (id int8 PRIMARY KEY)"))
         .await
         .unwrap();
     let insert = format!("INSERT INTO {table} VALUES ($1)");

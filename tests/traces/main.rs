@@ -60,13 +60,25 @@ async fn queries_have_spans_and_quarantines_are_events() {
         .await
         .unwrap();
     assert_eq!(row.get::<_, String>(0), secret);
-    // A function that changes a reported setting: quarantined, an event.
-    pool.query(
-        "DO $$ BEGIN PERFORM set_config('application_name', 'changed', false); END $$",
-        &[],
-    )
-    .await
-    .unwrap();
+    // A function that changes a reported setting, on the shared path:
+    // quarantined, an event. Code the guard cannot prove runs alone, so it
+    // gets there as an overload of a proven built-in created after the
+    // lane's last look at its catalog (a quiet second: no look under way).
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let admin = pgpipe_test_support::admin().await;
+    admin
+        .batch_execute(
+            "CREATE FUNCTION public.initcap(integer) RETURNS int LANGUAGE plpgsql AS \
+             $$ BEGIN PERFORM set_config('application_name', 'changed', false); RETURN 1; END $$",
+        )
+        .await
+        .unwrap();
+    let overload = pool.query("SELECT initcap(1)", &[]).await;
+    admin
+        .batch_execute("DROP FUNCTION public.initcap(integer)")
+        .await
+        .unwrap();
+    overload.unwrap();
     // A failure is on its span, as OpenTelemetry's database conventions
     // name it; a query past log_slow_statements is an event.
     let e = pool.query("SELECT 1 / 0", &[]).await.unwrap_err();
