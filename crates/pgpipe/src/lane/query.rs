@@ -151,7 +151,9 @@ async fn one(
         // The shared path, inline: see `run`. Not for code the guard cannot
         // prove: whatever it leaves in the session is there until its
         // cleanup, and another task's query pipelined in between (from
-        // another thread, between the two) would see it.
+        // another thread, between the two) would see it; and its code may
+        // run when it is prepared (a literal's input runs a domain's check
+        // at parse time), which on the shared path goes out on its own.
         (Ok(clean), Some(cost)) if !cost.alone && !unproven => {
             let router = pool.router();
             let settings = run_settings(pool, internal);
