@@ -471,7 +471,8 @@ async fn atomic_batches_take_at_most_half_a_pipelined_pool_and_reads_go_on_besid
         let sleeping: i64 = admin
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity \
-                 WHERE application_name = $1 AND query LIKE '%pg_sleep%' AND state = 'active'",
+                 WHERE application_name = $1 AND query LIKE '%pg_sleep%' AND state = 'active' \
+                   AND query NOT LIKE '/* pgpipe */%'",
                 &[&app],
             )
             .await

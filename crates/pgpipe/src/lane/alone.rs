@@ -41,6 +41,26 @@ pub(super) async fn run_alone(
     waiting: Option<Instant>,
     settings: RunSettings,
 ) -> Result<Reply, Error> {
+    // What never reached the server (a connection that died idle: its end
+    // not read yet when it was checked out) goes to another one, twice at
+    // most, as on the shared path. Once sent, never again.
+    let mut tries = 0;
+    loop {
+        let waiting = waiting.filter(|_| tries == 0);
+        match once(pool, (sql, params, op), clean, waiting, settings).await {
+            Err(e) if e.is_unsent() && tries < 2 => tries += 1,
+            result => return result,
+        }
+    }
+}
+
+async fn once(
+    pool: &Arc<Lane>,
+    (sql, params, op): (&str, &[&(dyn ToSql + Sync)], Op),
+    clean: bool,
+    waiting: Option<Instant>,
+    settings: RunSettings,
+) -> Result<Reply, Error> {
     let conn = pool.checkout(Holder::Pool).await;
     pool.waited(waiting);
     let conn = conn?;
