@@ -67,10 +67,17 @@ pub(crate) struct Outcome {
 impl Load {
     pub(crate) async fn start(pool: &Pool, cluster: &Patroni) -> Load {
         let (table, marks) = (unique("patroni_writes"), unique("patroni_marks"));
-        pool.execute(&format!("CREATE TABLE {table} (id int8 NOT NULL)"), &[])
+        // Made on a plain connection to the leader: DDL through the pool
+        // leaves nothing proven until the lane reads its catalog again
+        // (#43), which a failover a moment later may not let it do, and
+        // its writes would then run alone.
+        let leader = cluster.leader().expect("a leader");
+        connect(&cluster.url(leader))
             .await
-            .unwrap();
-        pool.execute(&format!("CREATE TABLE {marks} (n int8 NOT NULL)"), &[])
+            .unwrap()
+            .batch_execute(&format!(
+                "CREATE TABLE {table} (id int8 NOT NULL); CREATE TABLE {marks} (n int8 NOT NULL)"
+            ))
             .await
             .unwrap();
         // Reads go to any standby (no lag bound in most tests): start them

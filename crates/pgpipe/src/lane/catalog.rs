@@ -70,6 +70,16 @@ pub(crate) async fn refresh(lane: Arc<Lane>) {
     };
     let _ = tokio::time::timeout(FIRST_LOAD_PATIENCE * 5, load(&lane, false)).await;
     lane.wire().tried_catalog();
+    again_if_unread(&lane);
+}
+
+/// Until a catalog is read, nothing is proven and every statement runs
+/// alone: a read that failed (a server not answering yet, a pooler not
+/// routing yet) is tried again at the next tick, not a second later.
+fn again_if_unread(lane: &Arc<Lane>) {
+    if !lane.wire().catalog_full().is_loaded() {
+        lane.wire().suspect_catalog();
+    }
 }
 
 /// Before a statement on `lane` is judged: the lane's first load, if none
@@ -94,6 +104,7 @@ async fn first_load(lane: &Arc<Lane>) {
     }
     let _ = tokio::time::timeout(FIRST_LOAD_PATIENCE, load(lane, true)).await;
     wire.tried_catalog();
+    again_if_unread(lane);
 }
 
 /// Reads the fingerprint, and the catalog when it moved, when DDL went

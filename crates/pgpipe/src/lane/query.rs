@@ -144,7 +144,11 @@ async fn one(
         }
         Err(error) => Err(error),
     };
-    let unproven = matches!(code, Ok(Code::Unknown));
+    // Before a catalog is read (a server or pooler not answering yet),
+    // every statement counts as unproven: then they stay on the shared
+    // path, cleaned behind, with its retries, rather than all running
+    // alone; what runs alone is code a catalog in hand does not prove.
+    let unproven = matches!(code, Ok(Code::Unknown)) && pool.wire().catalog_full().is_loaded();
     let clean = code.map(|code| !internal && needs_cleanup(pool, code));
     let cost = pool.config().pipelining.then(|| Cost::of(pool, sql, slow));
     let result = match (clean, cost) {
