@@ -25,6 +25,8 @@ struct Writes {
     acknowledged: Vec<(i64, Instant)>,
     in_doubt: Vec<i64>,
     refused: Vec<i64>,
+    /// The first few refusals' errors, for a failure's message.
+    why_refused: Vec<String>,
     unexpected: Vec<String>,
 }
 
@@ -115,6 +117,7 @@ impl Load {
             writes.acknowledged.extend(w.acknowledged);
             writes.in_doubt.extend(w.in_doubt);
             writes.refused.extend(w.refused);
+            writes.why_refused.extend(w.why_refused);
             writes.unexpected.extend(w.unexpected);
         }
         let mut reads = Reads::default();
@@ -144,7 +147,12 @@ async fn write(pool: Pool, table: String, task: i64, running: Arc<AtomicBool>) -
         match pool.execute(&insert, &[&id]).await {
             Ok(_) => writes.acknowledged.push((id, Instant::now())),
             Err(e) if e.may_have_run() => writes.in_doubt.push(id),
-            Err(e) if is_refusal(&e) => writes.refused.push(id),
+            Err(e) if is_refusal(&e) => {
+                writes.refused.push(id);
+                if writes.why_refused.len() < 3 {
+                    writes.why_refused.push(format!("{:?}: {e}", e.kind()));
+                }
+            }
             Err(e) => writes.unexpected.push(format!("{:?}: {e}", e.kind())),
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -277,8 +285,9 @@ impl Outcome {
         );
         assert!(
             self.writes.refused.is_empty(),
-            "{} writes refused within failover_wait",
-            self.writes.refused.len()
+            "{} writes refused within failover_wait, e.g. {:?}",
+            self.writes.refused.len(),
+            &self.writes.why_refused[..self.writes.why_refused.len().min(5)]
         );
         let leader = connect(url).await.unwrap();
         let rows = leader

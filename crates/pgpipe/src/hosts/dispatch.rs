@@ -122,7 +122,10 @@ where
                 // Nothing was sent: the primary may be gone. Within
                 // `failover_wait`, wait for the next one.
                 _ if error.kind() == ErrorKind::Connect || error.is_unsent() => {
-                    let again = hosts.wait_to_retry(&mut waits, failover_deadline).await;
+                    let reopens_at = pick.lane.router().reopens_at();
+                    let again = hosts
+                        .wait_to_retry(&mut waits, failover_deadline, reopens_at)
+                        .await;
                     if again {
                         continue;
                     }
@@ -227,7 +230,10 @@ where
         let refused = result
             .as_ref()
             .is_err_and(|e| e.kind() == ErrorKind::Connect);
-        if refused && hosts.single().is_none() && hosts.wait_to_retry(&mut waits, deadline).await {
+        if refused
+            && hosts.single().is_none()
+            && hosts.wait_to_retry(&mut waits, deadline, None).await
+        {
             continue;
         }
         return result;

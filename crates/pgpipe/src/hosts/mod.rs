@@ -289,13 +289,17 @@ impl Hosts {
 
     /// After an attempt that could not start (no connection: nothing ran),
     /// perhaps because its host is gone: while `deadline` and
-    /// [`MAX_FAILOVER_WAITS`] allow, waits for the next round of checks and
-    /// says to try again (counted as a `primary_down` retry); else asks for
-    /// a round and says to give up.
+    /// [`MAX_FAILOVER_WAITS`] allow, waits for the next round of checks, and
+    /// until `reopens_at` (when the lane tries to open a connection again:
+    /// before then another attempt would fail without reaching any server,
+    /// and a host the monitor still elects would spend every wait on that),
+    /// and says to try again (counted as a `primary_down` retry); else asks
+    /// for a round and says to give up.
     pub(crate) async fn wait_to_retry(
         self: &Arc<Self>,
         waits: &mut u32,
         deadline: tokio::time::Instant,
+        reopens_at: Option<tokio::time::Instant>,
     ) -> bool {
         *waits += 1;
         if *waits > MAX_FAILOVER_WAITS || tokio::time::Instant::now() >= deadline {
@@ -306,6 +310,9 @@ impl Hosts {
             metrics.retry(RetryReason::PrimaryDown);
         }
         self.next_round().await;
+        if let Some(at) = reopens_at {
+            tokio::time::sleep_until(at.min(deadline)).await;
+        }
         true
     }
 

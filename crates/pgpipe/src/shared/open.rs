@@ -46,6 +46,15 @@ impl Router {
             .then(|| OpenFailure::error(failure.kind, &failure.message))
     }
 
+    /// When the back-off after the last failed open ends, while it lasts:
+    /// until then a query that finds no shared connection fails at once
+    /// without trying, so one that waits to try again waits this long too.
+    pub(crate) fn reopens_at(&self) -> Option<Instant> {
+        let failure = lock(&self.failure);
+        let retry_at = failure.as_ref()?.retry_at;
+        (Instant::now() < retry_at).then_some(retry_at)
+    }
+
     /// Whether a recent open failed and its back-off lasts; lock-free.
     pub(super) fn backing_off(&self) -> bool {
         let until = self.backoff_until.load(Ordering::Acquire);
