@@ -28,12 +28,12 @@ fn pool(test: &str, registry: &Registry) -> Pool {
         .unwrap()
 }
 
-fn evicted(registry: &Registry) -> f64 {
+pub(crate) fn evicted(registry: &Registry) -> f64 {
     Scrape::of(registry).value("pgpipe_head_of_line_evicted_total", &[])
 }
 
 /// Waits until the budget has stopped `n` statements (bounded by [`STUCK`]).
-async fn until_evicted(registry: &Registry, n: f64) {
+pub(crate) async fn until_evicted(registry: &Registry, n: f64) {
     let deadline = std::time::Instant::now() + STUCK;
     while evicted(registry) < n {
         assert!(
@@ -46,7 +46,7 @@ async fn until_evicted(registry: &Registry, n: f64) {
 
 /// `n` echo queries from 16 tasks, each answer checked; fails past
 /// [`STUCK`].
-async fn echoes(pool: &Pool, n: i64) {
+pub(crate) async fn echoes(pool: &Pool, n: i64) {
     let tasks: Vec<_> = (0..16)
         .map(|t| {
             let pool = pool.clone();
@@ -72,7 +72,7 @@ async fn echoes(pool: &Pool, n: i64) {
 }
 
 /// Another session holds row 1 of `table` until it commits.
-async fn hold_row(table: &str) -> tokio_postgres::Client {
+pub(crate) async fn hold_row(table: &str) -> tokio_postgres::Client {
     let holder = admin().await;
     holder.batch_execute("BEGIN").await.unwrap();
     holder
@@ -83,7 +83,7 @@ async fn hold_row(table: &str) -> tokio_postgres::Client {
 }
 
 /// Waits until a backend of the server runs `like` and waits on a lock.
-async fn until_waiting_on_lock(admin: &tokio_postgres::Client, like: &str) {
+pub(crate) async fn until_waiting_on_lock(admin: &tokio_postgres::Client, like: &str) {
     for _ in 0..500 {
         let waiting: i64 = admin
             .query_one(

@@ -25,6 +25,7 @@ mod metrics;
 mod overload;
 mod owned_transactions;
 mod plants;
+mod pooler_budget;
 mod pooler_transactions;
 mod pooler_wire;
 mod poolers;

@@ -20,9 +20,10 @@ impl PoolConfig {
         if !self.pooler.allows_pipeline() {
             self.max_pipeline_depth = 1;
         }
-        // A session setting behind a transaction pooler would reach
-        // whichever client the server goes to next.
-        if self.pooler.is_transaction() || !self.pipelining {
+        // Nothing shares a pipeline without pipelining. (Behind a
+        // transaction pooler it is carried per statement, not in the
+        // session: `conn::run`'s `block`.)
+        if !self.pipelining {
             self.head_of_line_budget = None;
         }
         self

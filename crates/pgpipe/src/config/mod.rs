@@ -236,8 +236,12 @@ pub struct PoolConfig {
     /// the caller's `query_timeout` (the caller sees latency, not an error)
     /// and remembers it: its next runs never share a pipeline.
     ///
-    /// Off (`None`) behind a transaction pooler, where a session setting
-    /// would reach other clients; there set `statement_timeout` on the role.
+    /// Behind a transaction pooler, where a session setting would reach
+    /// other clients, each shared statement carries it instead: it runs in a
+    /// transaction block of its own (`BEGIN`, a transaction-local
+    /// `statement_timeout`, the statement, `COMMIT`, sent together), which
+    /// costs the server two small statements more per query there; set
+    /// `None` to send statements bare.
     ///
     /// Default: 100 ms (see the guide's head-of-line section for why).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]

@@ -18,8 +18,8 @@ use super::Lane;
 use super::alone::BACKSTOP;
 use crate::answer::{Op, Reply};
 use crate::conn::PgConn;
-use crate::conn::budget::past_deadline;
-use crate::conn::run::{self, Late, Prepare, both_in_order};
+use crate::conn::budget::{budget_ms, past_deadline};
+use crate::conn::run::{self, Around, Late, Prepare, both_in_order};
 use crate::error::Error;
 use crate::shared::Place;
 use crate::shared::costs::CostKey;
@@ -56,8 +56,19 @@ pub(super) async fn evicted(
     let conn = &place.conn;
     let pg = conn.conn();
     let target = pg.target();
+    // Behind a transaction pooler, where it ran in a block of its own: again
+    // in one, under what is left of its deadline, or with no limit of the
+    // pool's (no session setting, which would reach other clients).
+    let in_block = super::query::block_budget(pool, sql).is_some();
     let rerun = || async {
         let started = Instant::now();
+        if in_block {
+            let around = left.map_or(Around::Nothing, |left| Around::Block(budget_ms(left)));
+            let prepare = Prepare::Spawned(conn);
+            let result = run::run(target, prepare, sql, params, op, limits, around).await;
+            return past_deadline(result, Ok(left), started);
+        }
+        let around = Around::cleanup(clean);
         let query = run::run(
             target,
             Prepare::Spawned(conn),
@@ -65,7 +76,7 @@ pub(super) async fn evicted(
             params,
             op,
             limits,
-            clean,
+            around,
         );
         let (set, result) = both_in_order(limit(pg, left), query).await;
         past_deadline(result, set, started)

@@ -24,8 +24,8 @@ use super::housekeeping;
 use super::retry::Retries;
 use crate::answer::{Op, Reply};
 use crate::config::SessionCleanup;
-use crate::conn::budget::{UnderBudget, stopped_by_budget};
-use crate::conn::run::{self, Limits, Prepare, RunSettings};
+use crate::conn::budget::{UnderBudget, budget_ms, stopped_by_budget};
+use crate::conn::run::{self, Around, Limits, Prepare, RunSettings};
 use crate::error::{Error, ErrorKind};
 use crate::metrics::Counting;
 use crate::protocol::sql_guard::{self, Code};
@@ -162,6 +162,10 @@ async fn one(
             let router = pool.router();
             let settings = run_settings(pool, internal);
             let mut retries = Retries::default();
+            // Behind a transaction pooler the budget goes with the
+            // statement, in a transaction block of its own.
+            let block = if clean { None } else { block_budget(pool, sql) };
+            let around = block.map_or(Around::cleanup(clean), |b| Around::Block(budget_ms(b)));
             let shared = loop {
                 let place = router.reserve(cost.is_slow()).await;
                 // One clock read ends the wait and starts the run's cost.
@@ -180,13 +184,18 @@ async fn one(
                 let conn = &place.conn;
                 // The head-of-line budget it is sent under, and when, if the
                 // clock was read anyway or a deadline needs it.
-                let sent = conn.state().session.budget().map(|budget| UnderBudget {
-                    budget,
-                    at: admitted.or_else(|| settings.query_timeout.map(|_| Instant::now())),
-                });
+                let sent = match block {
+                    // Timed always: a shorter `statement_timeout` of the
+                    // role's stays, and stops it sooner, as its own.
+                    Some(budget) => UnderBudget::now(Some(budget)),
+                    None => conn.state().session.budget().map(|budget| UnderBudget {
+                        budget,
+                        at: admitted.or_else(|| settings.query_timeout.map(|_| Instant::now())),
+                    }),
+                };
                 let prepare = Prepare::Spawned(conn);
                 let target = conn.conn().target();
-                let query = || run::run(target, prepare, sql, params, op, settings.limits, clean);
+                let query = || run::run(target, prepare, sql, params, op, settings.limits, around);
                 let result = match settings.query_timeout {
                     // Without a deadline, the query's future is awaited here
                     // rather than inside `within_deadline`'s: one layer less
@@ -322,6 +331,16 @@ pub(super) fn run_settings(pool: &Lane, internal: bool) -> RunSettings {
     } else {
         settings
     }
+}
+
+/// The head-of-line budget `sql` carries in a transaction block of its own
+/// behind a transaction pooler (see `conn::run`'s `block`): none elsewhere
+/// (the session carries it there), and none for a statement that cannot
+/// run in a block.
+pub(super) fn block_budget(pool: &Lane, sql: &str) -> Option<Duration> {
+    let config = pool.config();
+    let budget = config.head_of_line_budget?;
+    (config.pooler.is_transaction() && sql_guard::fits_a_block(sql)).then_some(budget)
 }
 
 /// Whether the session is cleaned right behind this query (see

@@ -34,6 +34,13 @@ const SERVER_STATE: [&[u8]; 4] = [
     b"integer_datetimes",
 ];
 
+/// How the pool opens and closes the transaction block that carries a
+/// statement's head-of-line budget behind a transaction pooler (the
+/// `conn::run` module's `block`): a unit, as an atomic batch's `BEGIN` and
+/// `COMMIT` are.
+pub(crate) const BLOCK_BEGIN: &str = "/* pgpipe */ BEGIN; ";
+pub(crate) const BLOCK_COMMIT: &str = "/* pgpipe */ COMMIT";
+
 /// What the tap must do about an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -103,12 +110,19 @@ impl SessionWatch {
     pub(crate) fn on_simple_query(&mut self, sql: &[u8], request: u64) {
         match sql {
             b"BEGIN" => self.units.push_back((request, u64::MAX)),
-            b"COMMIT" | b"ROLLBACK" => {
-                if let Some(open) = self.units.back_mut().filter(|(_, end)| *end == u64::MAX) {
-                    open.1 = request;
-                }
+            _ if sql.starts_with(BLOCK_BEGIN.as_bytes()) => {
+                self.units.push_back((request, u64::MAX));
             }
+            b"COMMIT" | b"ROLLBACK" => self.close_unit(request),
+            _ if sql == BLOCK_COMMIT.as_bytes() => self.close_unit(request),
             _ => {}
+        }
+    }
+
+    /// The unit open last closes at request number `request`.
+    fn close_unit(&mut self, request: u64) {
+        if let Some(open) = self.units.back_mut().filter(|(_, end)| *end == u64::MAX) {
+            open.1 = request;
         }
     }
 
@@ -198,6 +212,17 @@ mod tests {
         let after = answers(&mut shared(&BATCH), b"ITTTIT");
         assert_eq!(after[5], Some(Verdict::Transaction), "the query after it");
         assert!(after[..5].iter().all(Option::is_none));
+    }
+
+    #[test]
+    fn the_budgets_block_is_a_unit_and_nothing_else_that_starts_alike() {
+        let head = format!("{BLOCK_BEGIN}SELECT 1");
+        let block = ["", head.as_str(), "", BLOCK_COMMIT, ""];
+        let fine = answers(&mut shared(&block), b"ITEII");
+        assert!(fine.iter().all(Option::is_none), "{fine:?}");
+        // A user's `BEGIN; …` is no unit of the pool's.
+        let theirs = answers(&mut shared(&["", "BEGIN; SELECT 1", "", "COMMIT"]), b"ITT");
+        assert_eq!(theirs[1], Some(Verdict::Transaction));
     }
 
     #[test]

@@ -9,9 +9,12 @@
 //!   answer within the result caps;
 //! - [`cleanup`]: the session cleanup that follows code the guard cannot
 //!   read;
+//! - [`block`]: the head-of-line budget behind a transaction pooler, a
+//!   transaction block around the statement;
 //! - [`deadline`]: `query_timeout`, and what becomes of a late query
 //!   (cancel, or abandon).
 
+mod block;
 mod cleanup;
 mod deadline;
 mod lookup;
@@ -89,6 +92,30 @@ pub(crate) trait SpawnPrepare: Send + Sync {
     fn spawn_prepare(&self, ticket: Ticket);
 }
 
+/// What goes out with a query, in the same turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Around {
+    /// Nothing.
+    Nothing,
+    /// The session cleanup, right behind it (see [`send_then_clean`]).
+    Cleanup,
+    /// A transaction block of its own, under this many milliseconds of
+    /// `statement_timeout`: the head-of-line budget behind a transaction
+    /// pooler (see [`block`]).
+    Block(u32),
+}
+
+impl Around {
+    /// The cleanup behind it, or nothing.
+    pub(crate) fn cleanup(clean: bool) -> Around {
+        if clean {
+            Around::Cleanup
+        } else {
+            Around::Nothing
+        }
+    }
+}
+
 /// Caps on one query's answer.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Limits {
@@ -111,8 +138,9 @@ pub(crate) struct RunSettings {
 /// was sent) are marked [`unsent`](Error::unsent): the pool may run it on
 /// another connection.
 ///
-/// With `clean`, the session cleanup goes out right behind the query, in
-/// the same write: see [`send_then_clean`].
+/// `around` says what goes out with it, in the same write: the session
+/// cleanup right behind it ([`send_then_clean`]), or a transaction block
+/// around it ([`block`]).
 pub(crate) async fn run(
     target: Target<'_>,
     prepare: Prepare<'_>,
@@ -120,7 +148,7 @@ pub(crate) async fn run(
     params: Params<'_, '_>,
     op: Op,
     limits: Limits,
-    clean: bool,
+    around: Around,
 ) -> Result<Reply, Error> {
     params::check_sql_size(sql)?;
     let mut healed = !target.heal;
@@ -135,20 +163,28 @@ pub(crate) async fn run(
             Box::pin(target.state.wire_idle()).await;
         }
         let turns = &target.state.turns;
-        let result = if clean {
-            // Boxed: the rare path keeps the common future small.
-            Box::pin(turns.send(send_then_clean(target, sql, &statement, params, op, limits))).await
-        } else {
-            turns
-                .send(send(
-                    target,
-                    sql,
-                    &statement,
-                    params,
-                    (op, Usable::Check),
-                    limits,
-                ))
-                .await
+        let result = match around {
+            Around::Nothing => {
+                turns
+                    .send(send(
+                        target,
+                        sql,
+                        &statement,
+                        params,
+                        (op, Usable::Check),
+                        limits,
+                    ))
+                    .await
+            }
+            // Boxed: the rare paths keep the common future small.
+            Around::Cleanup => {
+                let query = send_then_clean(target, sql, &statement, params, op, limits);
+                Box::pin(turns.send(query)).await
+            }
+            Around::Block(ms) => {
+                let query = block::send_in_block(target, sql, &statement, params, op, limits, ms);
+                Box::pin(query).await
+            }
         };
         match result {
             // The server refused the cached plan before running anything:
@@ -229,7 +265,8 @@ pub(crate) async fn run_alone(
 ) -> Result<Reply, Error> {
     let make = || {
         let limits = settings.limits;
-        run(target, Prepare::Inline, sql, params, op, limits, clean)
+        let around = Around::cleanup(clean);
+        run(target, Prepare::Inline, sql, params, op, limits, around)
     };
     within_deadline(settings.query_timeout, target, make, || Late::Cancel).await
 }

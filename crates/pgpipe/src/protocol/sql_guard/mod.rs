@@ -283,6 +283,20 @@ pub(crate) fn changes_catalog(sql: &str) -> bool {
     })
 }
 
+/// Whether every statement in `sql` can run inside a transaction block,
+/// and so in the block that carries the head-of-line budget behind a
+/// transaction pooler: each is of a kind the guard proves (`VACUUM`,
+/// `CREATE DATABASE`, `… CONCURRENTLY` and the rest refuse a block, and
+/// none is of those kinds).
+pub(crate) fn fits_a_block(sql: &str) -> bool {
+    lexers(sql).all(|tokens| {
+        let tokens: Vec<Token<'_>> = tokens.collect();
+        tokens
+            .split(|token| *token == Token::Punct(b';'))
+            .all(proven_kind)
+    })
+}
+
 /// Whether a statement is plain DML, which fires no event trigger: it
 /// starts with `SELECT`, `WITH`, `VALUES` or `TABLE` and has no `INTO`
 /// (`SELECT … INTO` creates a table), or with `INSERT`, `UPDATE`,

@@ -138,3 +138,27 @@ fn only_queries_and_dml_are_proven_kinds_of_statement() {
         "SELECT 'create table'; UPDATE t SET drop = 1"
     ));
 }
+
+#[test]
+fn only_statements_that_run_inside_a_transaction_block_fit_the_budgets_block() {
+    for sql in [
+        "SELECT 1",
+        "update t set v = 1 where id = $1",
+        "WITH x AS (DELETE FROM t RETURNING *) SELECT * FROM x",
+        "SHOW work_mem",
+        "(SELECT 1)",
+    ] {
+        assert!(fits_a_block(sql), "{sql}");
+    }
+    for sql in [
+        "VACUUM t",
+        "CREATE INDEX CONCURRENTLY i ON t (v)",
+        "create database d",
+        "BEGIN",
+        "COMMIT",
+        "SELECT 1; VACUUM",
+        "ALTER SYSTEM SET work_mem = '1MB'",
+    ] {
+        assert!(!fits_a_block(sql), "{sql}");
+    }
+}
