@@ -290,7 +290,9 @@ impl ClusterBuilder {
     /// Creates and starts a streaming standby of `primary`
     /// (`pg_basebackup -R`: it follows the primary from the start), on a
     /// port of its own. Settings given to the builder apply to the
-    /// standby.
+    /// standby. Where the server binaries have no `pg_basebackup` (the
+    /// builds of other majors CI installs), the same by a copy of the data
+    /// directory between `pg_backup_start` and `pg_backup_stop`.
     ///
     /// # Errors
     ///
@@ -298,6 +300,11 @@ impl ClusterBuilder {
     /// fail.
     pub fn standby_of(self, primary: &Cluster) -> io::Result<Cluster> {
         let cluster = Cluster::empty(self.settings, self.bin)?;
+        if !cluster.bin.join("pg_basebackup").exists() {
+            replication::copied_standby(&cluster, primary)?;
+            cluster.first_start()?;
+            return Ok(cluster);
+        }
         cluster.run(
             "pg_basebackup",
             &[

@@ -159,6 +159,61 @@ impl ReplicaSet {
     }
 }
 
+/// Makes `cluster`'s data directory a standby of `primary` without
+/// `pg_basebackup` (the PostgreSQL builds of other majors that CI installs
+/// carry the server only): in one `psql` session (the machine's client
+/// talks to newer servers), the primary's data directory copied between
+/// `pg_backup_start` and `pg_backup_stop`, the backup label written from the
+/// latter's answer, then `standby.signal` and `primary_conninfo`, as
+/// `pg_basebackup -R` leaves them. The standby streams the WAL since the
+/// backup's start from the primary.
+pub(crate) fn copied_standby(cluster: &Cluster, primary: &Cluster) -> io::Result<()> {
+    let (from, to) = (primary.data(), cluster.data());
+    let port = primary.port();
+    let script = format!(
+        "\\set ON_ERROR_STOP on
+SELECT pg_backup_start('pgpipe-standby', true);
+\\! mkdir -m 700 {to} && tar -C {from} --exclude=./postmaster.pid --exclude=./postmaster.opts \
+--exclude=./server.log --exclude='./.s.PGSQL.*' --exclude='./pg_wal/*' --exclude='./pg_replslot/*' \
+-cf - . | tar -C {to} -xf - && mkdir -p {to}/pg_wal/archive_status && touch {to}/standby.signal \
+&& echo \"primary_conninfo = 'host=127.0.0.1 port={port} user=postgres'\" >> {to}/postgresql.auto.conf
+\\pset format unaligned
+\\pset tuples_only on
+SELECT labelfile FROM pg_backup_stop(false) \\g {to}/backup_label
+"
+    );
+    let file = cluster.dir.join("standby.sql");
+    std::fs::write(&file, script)?;
+    let port = port.to_string();
+    let file = file.display().to_string();
+    let args = [
+        "-X",
+        "-q",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        &port,
+        "-U",
+        "postgres",
+        "-f",
+        &file,
+    ];
+    let output = crate::as_postgres_user(std::path::Path::new("psql"), &args)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let made = ["backup_label", "standby.signal", "PG_VERSION"]
+        .iter()
+        .all(|f| std::path::Path::new(&to).join(f).exists());
+    if output.status.success() && made {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "a standby copy by pg_backup_start/stop failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
 /// A plain client of one server, its connection driven by a task.
 ///
 /// # Errors
