@@ -1,11 +1,13 @@
 //! A frozen primary (issue #47): its postmaster and every backend stopped
 //! with SIGSTOP, its sockets left open, a standby promoted. Writes that
 //! wait for the frozen one move to the new primary as soon as it is
-//! elected, not at their `connect_timeout` or `wait_timeout`.
+//! elected, not at their `connect_timeout` or `wait_timeout`: queries, and
+//! what waits for a connection of its own (`get()`, `begin()`, an atomic
+//! batch).
 
 use std::time::{Duration, Instant};
 
-use pgpipe::{ErrorKind, Pool};
+use pgpipe::{Error, ErrorKind, Executor, Pool};
 use pgpipe_test_support::{Cluster, ReplicaSet, connect, unique};
 
 /// Far above what the move takes (a check round or two after the
@@ -80,6 +82,11 @@ async fn writes_waiting_for_a_frozen_primary_move_to_the_new_one_when_it_is_elec
             tokio::spawn(async move { (id, pool.execute(&insert, &[&id]).await) })
         })
         .collect();
+    let exclusive = [
+        tokio::spawn(through_get(pool.clone(), insert.clone(), 300)),
+        tokio::spawn(through_begin(pool.clone(), insert.clone(), 301)),
+        tokio::spawn(through_atomic_batch(pool.clone(), insert.clone(), 302)),
+    ];
     tokio::time::sleep(Duration::from_millis(500)).await;
     set.standbys[0].promote().expect("the standby is promoted");
     let promoted = Instant::now();
@@ -91,6 +98,18 @@ async fn writes_waiting_for_a_frozen_primary_move_to_the_new_one_when_it_is_elec
         match result {
             Ok(written) => assert_eq!(written, 1),
             Err(e) => panic!("write {id} failed: {e} ({:?})", e.kind()),
+        }
+    }
+    for write in exclusive {
+        let (id, result) = tokio::time::timeout(MOVED_WITHIN, write)
+            .await
+            .expect("a checkout waited for the frozen primary past the new one's election")
+            .unwrap();
+        if let Err(e) = result {
+            panic!(
+                "write {id} on a connection of its own failed: {e} ({:?})",
+                e.kind()
+            );
         }
     }
     let moved_after = promoted.elapsed();
@@ -107,7 +126,7 @@ async fn writes_waiting_for_a_frozen_primary_move_to_the_new_one_when_it_is_elec
         .iter()
         .map(|r| r.get(0))
         .collect();
-    assert_eq!(ids, (100..108).collect::<Vec<_>>());
+    assert_eq!(ids, (100..108).chain(300..303).collect::<Vec<_>>());
     // New writes go there too.
     pool.execute(&insert, &[&200i64]).await.unwrap();
     let e = pool.execute(&insert, &[&200i64]).await.unwrap_err();
@@ -116,6 +135,32 @@ async fn writes_waiting_for_a_frozen_primary_move_to_the_new_one_when_it_is_elec
         "writes waiting for a frozen primary moved to the new one {moved_after:?} after the \
          promotion"
     ));
+}
+
+async fn through_get(pool: Pool, insert: String, id: i64) -> (i64, Result<(), Error>) {
+    let written = async {
+        let conn = pool.get().await?;
+        conn.execute(&insert, &[&id]).await.map(drop)
+    };
+    (id, written.await)
+}
+
+async fn through_begin(pool: Pool, insert: String, id: i64) -> (i64, Result<(), Error>) {
+    let written = async {
+        let tx = pool.begin().await?;
+        tx.execute(&insert, &[&id]).await?;
+        tx.commit().await
+    };
+    (id, written.await)
+}
+
+async fn through_atomic_batch(pool: Pool, insert: String, id: i64) -> (i64, Result<(), Error>) {
+    let written = async {
+        let mut batch = pool.atomic_batch();
+        batch.execute(&insert, &[&id]);
+        batch.run().await?.into_iter().try_for_each(|r| r.map(drop))
+    };
+    (id, written.await)
 }
 
 /// Resumes a frozen server however the test ends, so that it can be

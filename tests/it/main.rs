@@ -9,6 +9,7 @@ mod blocking;
 mod correctness;
 mod counted;
 mod dashboards;
+mod deadlines;
 mod executor;
 mod failover;
 mod faults;

@@ -54,6 +54,7 @@ mod status;
 mod sync;
 mod target;
 mod trace;
+mod within;
 
 pub use answer::Answer;
 pub use batch::{Batch, BatchResults};
@@ -75,6 +76,7 @@ pub use statement::{Statement, ToQuery};
 pub use status::Status;
 pub use target::{Consistency, ReplicaFallback, TargetSessionAttrs, WriteToken};
 pub use tokio_postgres::IsolationLevel;
+pub use within::Within;
 
 /// tokio-postgres, re-exported so that its types (`Row`, `ToSql`, `Config`)
 /// match the ones pgpipe was built with.

@@ -8,10 +8,13 @@ use crate::batch::Batch;
 use crate::error::Error;
 use crate::statement::{ToQuery, pool_sql};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::hosts::Hosts;
+use crate::lane::query::How;
 use crate::slow::Slow;
 use crate::target::Consistency;
+use crate::within::Within;
 
 /// Reads that a standby may serve; from [`Pool::read`](crate::Pool::read) or
 /// [`Pool::read_with`](crate::Pool::read_with).
@@ -42,7 +45,7 @@ impl<'a> Routed<'a> {
         op: Op,
     ) -> impl Future<Output = Result<Reply, Error>> {
         self.hosts
-            .run_as(sql, params, op, false, Some(self.consistency))
+            .run_as(sql, params, op, How::PLAIN, Some(self.consistency))
     }
 
     /// The pool's hosts.
@@ -114,5 +117,11 @@ impl<'a> Routed<'a> {
     /// The same reads, marked slow; see [`Pool::slow`](crate::Pool::slow).
     pub fn slow(&self) -> Slow<'a> {
         Slow::new(self.hosts, Some(self.consistency))
+    }
+
+    /// The same reads, each under `timeout` instead of the pool's
+    /// `query_timeout`; see [`Pool::within`](crate::Pool::within).
+    pub fn within(&self, timeout: Duration) -> Within<'a> {
+        Within::new(self.hosts, Some(self.consistency), false, timeout)
     }
 }

@@ -9,7 +9,10 @@ use crate::statement::{ToQuery, pool_sql};
 use std::sync::Arc;
 
 use crate::hosts::Hosts;
+use crate::lane::query::How;
 use crate::target::Consistency;
+use crate::within::Within;
+use std::time::Duration;
 
 /// Queries the caller knows to be slow; see [`Pool::slow`](crate::Pool::slow).
 #[derive(Debug, Clone, Copy)]
@@ -32,12 +35,22 @@ impl Slow<'_> {
         params: &[&(dyn ToSql + Sync)],
         op: Op,
     ) -> impl Future<Output = Result<Reply, Error>> {
-        self.hosts.run_as(sql, params, op, true, self.read)
+        let how = How {
+            slow: true,
+            timeout: None,
+        };
+        self.hosts.run_as(sql, params, op, how, self.read)
     }
 
     /// The pool's hosts.
     pub(crate) fn hosts(&self) -> &Arc<Hosts> {
         self.hosts
+    }
+
+    /// The same queries, each under `timeout` instead of the pool's
+    /// `query_timeout`; see [`Pool::within`](crate::Pool::within).
+    pub fn within(&self, timeout: Duration) -> Within<'_> {
+        Within::new(self.hosts, self.read, true, timeout)
     }
 
     /// As [`Pool::query`](crate::Pool::query), marked slow.

@@ -18,12 +18,14 @@ mod options;
 mod owned;
 mod transaction;
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use deadpool::managed::Timeouts;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 pub use connection::Connection;
@@ -103,6 +105,9 @@ pub(crate) struct Exclusive {
     /// How queries on a checked-out connection run.
     run: RunSettings,
     metrics: Option<Arc<Metrics>>,
+    /// Notified when the lane's host stops being the primary: a checkout
+    /// still waiting then goes to the new one (issue #47).
+    moved: Notify,
 }
 
 impl Exclusive {
@@ -118,6 +123,7 @@ impl Exclusive {
             pg,
             permits: Arc::new(Semaphore::new(max_exclusive)),
             claims: Arc::new(Claims::new(max_exclusive)),
+            moved: Notify::new(),
             waiting_permit: AtomicUsize::new(0),
             waiting_connection: AtomicUsize::new(0),
             wait_timeout,
@@ -178,8 +184,40 @@ impl Exclusive {
         Waiting::new(&self.waiting_permit)
     }
 
-    /// As [`checkout`](Exclusive::checkout), waiting until `deadline`.
+    /// Fails every checkout still waiting (for a place or for its
+    /// connection: a frozen host answers neither) with
+    /// [`Error::primary_moved`]: another host was elected primary, and the
+    /// dispatcher sends them there. Nothing was sent for them.
+    pub(crate) fn fail_waiting(&self) {
+        self.moved.notify_waiters();
+    }
+
+    /// As [`checkout`](Exclusive::checkout), waiting until `deadline`, or
+    /// until [`fail_waiting`](Exclusive::fail_waiting).
     pub(crate) async fn checkout_until(
+        &self,
+        router: &Arc<Router>,
+        holder: Holder,
+        deadline: tokio::time::Instant,
+    ) -> Result<Connection, Error> {
+        let mut moved = pin!(self.moved.notified());
+        moved.as_mut().enable();
+        let mut checkout = pin!(self.wait_and_connect(router, holder, deadline));
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(conn) = checkout.as_mut().poll(cx) {
+                return Poll::Ready(conn);
+            }
+            // Dropping the checkout gives back whatever it held: a place,
+            // a connection being opened.
+            moved
+                .as_mut()
+                .poll(cx)
+                .map(|()| Err(Error::primary_moved()))
+        })
+        .await
+    }
+
+    async fn wait_and_connect(
         &self,
         router: &Arc<Router>,
         holder: Holder,

@@ -29,7 +29,7 @@ use super::Hosts;
 use crate::answer::{Answer, Op, Reply};
 use crate::error::{Error, ErrorKind};
 use crate::lane::Lane;
-use crate::lane::query as one;
+use crate::lane::query::{self as one, How};
 use crate::metrics::hosts::{RetryReason, RouteLabel};
 use crate::target::{Consistency, TargetSessionAttrs};
 
@@ -210,7 +210,8 @@ where
 
 /// Runs `work` (a checkout) on the lane `target` names: with several
 /// hosts, when no connection could be opened there (the host may be gone),
-/// again after a round of checks within `failover_wait`.
+/// again after a round of checks within `failover_wait`; when another host
+/// was elected primary while it waited, at once on the new one.
 pub(crate) async fn on_target<'h, T, F, Fut>(
     hosts: &'h Arc<Hosts>,
     target: TargetSessionAttrs,
@@ -223,13 +224,23 @@ where
     let deadline = hosts.failover_deadline();
     let mut waits = 0;
     loop {
-        let result = match hosts.lane_for(target).await {
-            Ok(lane) => work(lane).await,
-            Err(e) => Err(e),
+        let (result, checked_out) = match hosts.lane_for(target).await {
+            Ok(lane) => (work(lane).await, true),
+            Err(e) => (Err(e), false),
         };
-        let refused = result
-            .as_ref()
-            .is_err_and(|e| e.kind() == ErrorKind::Connect);
+        let error = result.as_ref().err();
+        // Its checkout waited on a primary another host replaced: never
+        // sent, and the new one is elected already.
+        let moved =
+            checked_out && error.is_some_and(|e| e.kind() == ErrorKind::NoPrimary && e.is_unsent());
+        if moved && waits < super::MAX_FAILOVER_WAITS {
+            waits += 1;
+            if let Some(metrics) = &hosts.metrics {
+                metrics.retry(RetryReason::PrimaryMoved);
+            }
+            continue;
+        }
+        let refused = error.is_some_and(|e| e.kind() == ErrorKind::Connect);
         if refused
             && hosts.single().is_none()
             && hosts.wait_to_retry(&mut waits, deadline, None).await
@@ -255,20 +266,20 @@ pub(crate) fn observe_batch(hosts: &Hosts, results: &[Result<Answer, Error>]) {
 }
 
 impl Hosts {
-    /// Runs one query on the primary; `slow` is the caller's word that it
-    /// is slow. With one host the query goes straight to its lane: the
-    /// query future carries nothing of the dispatcher.
+    /// Runs one query on the primary, as `how` asks. With one host the
+    /// query goes straight to its lane: the query future carries nothing
+    /// of the dispatcher.
     pub(crate) async fn run(
         self: &Arc<Self>,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         op: Op,
-        slow: bool,
+        how: How,
     ) -> Result<Reply, Error> {
         if let Some(host) = self.single() {
-            return one::run(&host.write, sql, params, op, slow).await;
+            return one::run(&host.write, sql, params, op, how).await;
         }
-        let run = |lane| one::run(lane, sql, params, op, slow);
+        let run = |lane| one::run(lane, sql, params, op, how);
         on_writer(self, Work::Query, run).await.0
     }
 
@@ -278,13 +289,13 @@ impl Hosts {
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
         op: Op,
-        slow: bool,
+        how: How,
         read: Option<Consistency>,
     ) -> Result<Reply, Error> {
         match read {
-            None => self.run(sql, params, op, slow).await,
+            None => self.run(sql, params, op, how).await,
             Some(consistency) => {
-                let run = |lane| one::run(lane, sql, params, op, slow);
+                let run = |lane| one::run(lane, sql, params, op, how);
                 on_reader(self, consistency, Work::Query, run).await.0
             }
         }

@@ -7,7 +7,6 @@ use std::time::Instant;
 use super::check::{Failure, Seen};
 use super::lag::Samples;
 use super::{Hosts, NONE};
-use crate::error::Error;
 use crate::metrics::hosts::RoleLabel;
 use crate::sync::lock;
 
@@ -205,13 +204,12 @@ impl Election {
                     if let Some(metrics) = metrics {
                         metrics.primary_changes.inc();
                     }
-                    // What still waits for a place on the old primary was
-                    // never sent: it goes to the new one now, not at its
-                    // wait_timeout (a frozen primary answers nothing).
-                    hosts.hosts[last]
-                        .write
-                        .router()
-                        .fail_waiting(Error::primary_moved);
+                    // What still waits for a place on the old primary, a
+                    // shared one or a connection of its own (`get()`,
+                    // `begin()`, an atomic batch), was never sent: it goes
+                    // to the new one now, not at its wait_timeout (a
+                    // frozen primary answers nothing).
+                    hosts.hosts[last].write.primary_moved();
                     crate::trace::pool_warn!(
                         host = hosts.hosts[i].label.as_str(),
                         "a new primary was elected"

@@ -25,14 +25,15 @@ use crate::shared::Place;
 use crate::shared::costs::CostKey;
 
 /// Runs the stopped query again on its place's connection (already
-/// retired), within what is left of its `query_timeout`, and remembers it:
+/// retired), within what is left of its `query_timeout` (the pool's, or
+/// the caller's own), and remembers it:
 /// its next runs go to a connection of their own from the start. The caller
 /// sees latency, not an error.
 pub(super) async fn evicted(
     pool: &Lane,
     place: Place<'_>,
     (sql, params, op): (&str, &[&(dyn ToSql + Sync)], Op),
-    (clean, internal): (bool, bool),
+    (clean, internal, query_timeout): (bool, bool, Option<Duration>),
     key: Option<CostKey>,
     ran_for: Duration,
 ) -> Result<Reply, Error> {
@@ -44,10 +45,7 @@ pub(super) async fn evicted(
         metrics.wire.evicted.inc();
     }
     let limits = super::query::run_settings(pool, internal).limits;
-    let left = pool
-        .config()
-        .query_timeout
-        .map(|t| t.saturating_sub(ran_for));
+    let left = query_timeout.map(|t| t.saturating_sub(ran_for));
     if left.is_some_and(|left| left.is_zero()) {
         return Err(Error::query_timeout_stopped(
             "the server stopped it at the head-of-line budget, and its deadline passed",

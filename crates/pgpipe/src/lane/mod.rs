@@ -229,6 +229,14 @@ impl Lane {
         self.router.is_closed()
     }
 
+    /// Another host was elected primary: every query and checkout still
+    /// waiting on this lane fails with [`Error::primary_moved`] (nothing was
+    /// sent), and the dispatcher runs it on the new one.
+    pub(crate) fn primary_moved(&self) {
+        self.router.fail_waiting(Error::primary_moved);
+        self.exclusive.fail_waiting();
+    }
+
     /// Checks out an exclusive connection; see [`Pool::get`](crate::Pool::get).
     pub(crate) async fn checkout(self: &Arc<Self>, holder: Holder) -> Result<Connection, Error> {
         housekeeping::start(self);

@@ -52,9 +52,25 @@ fn span(pool: &Lane, sql: &str, slow: bool) -> tracing::Span {
     )
 }
 
+/// How a caller asks for one query to run: marked slow (it runs on a
+/// connection of its own), and under a deadline of its own instead of the
+/// pool's `query_timeout` ([`Pool::within`](crate::Pool::within)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct How {
+    pub(crate) slow: bool,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl How {
+    /// A plain query: not slow, under the pool's `query_timeout`.
+    pub(crate) const PLAIN: How = How {
+        slow: false,
+        timeout: None,
+    };
+}
+
 /// Runs one query, in its span with the `tracing` feature and counted in
-/// the metrics when there are metrics; `slow` is the caller's word that it
-/// is slow.
+/// the metrics when there are metrics, as `how` asks.
 ///
 /// Not an `async fn`: it hands back [`one`]'s future itself. Every poll of
 /// a query passes through each `async fn` between the caller and the wire,
@@ -66,15 +82,10 @@ pub(crate) fn run(
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
-    slow: bool,
+    how: How,
 ) -> impl Future<Output = Result<Reply, Error>> {
-    one(
-        pool,
-        sql,
-        params,
-        op,
-        if slow { Who::Slow } else { Who::Caller },
-    )
+    let who = if how.slow { Who::Slow } else { Who::Caller };
+    one(pool, sql, params, op, (who, how.timeout))
 }
 
 /// Runs SQL of the pool's own that reads only the catalog with built-in
@@ -85,7 +96,7 @@ pub(crate) fn run_internal<'a>(
     sql: &'a str,
     params: &'a [&'a (dyn ToSql + Sync)],
 ) -> impl Future<Output = Result<Reply, Error>> + 'a {
-    one(pool, sql, params, Op::Query, Who::Pool)
+    one(pool, sql, params, Op::Query, (Who::Pool, None))
 }
 
 /// Who runs a query.
@@ -101,13 +112,13 @@ enum Who {
 
 /// [`run`] and [`run_internal`]: one layer for every concern (admission,
 /// the shared path and its retries, metrics, tracing), the rare paths
-/// boxed.
+/// boxed. `timeout`: the caller's own deadline, instead of the pool's.
 async fn one(
     pool: &Arc<Lane>,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
     op: Op,
-    who: Who,
+    (who, timeout): (Who, Option<Duration>),
 ) -> Result<Reply, Error> {
     let (slow, internal) = (who == Who::Slow, who == Who::Pool);
     // The span is not entered around the future (`Instrument` would move
@@ -160,7 +171,7 @@ async fn one(
         // at parse time), which on the shared path goes out on its own.
         (Ok(clean), Some(cost)) if !cost.alone && !unproven => {
             let router = pool.router();
-            let settings = run_settings(pool, internal);
+            let settings = call_settings(pool, internal, timeout);
             let mut retries = Retries::default();
             // Behind a transaction pooler the budget goes with the
             // statement, in a transaction block of its own.
@@ -246,7 +257,7 @@ async fn one(
                 Shared::Done(result) => result,
                 Shared::Stopped(ran_for, place) => {
                     let query = (sql, params, op);
-                    let run = (clean, internal);
+                    let run = (clean, internal, settings.query_timeout);
                     Box::pin(evict::evicted(pool, place, query, run, cost.key, ran_for)).await
                 }
             }
@@ -256,7 +267,7 @@ async fn one(
         // always or never, and the rest rarely; carried inline, its state
         // would size every pipelined query's future.
         (Ok(clean), _) => {
-            let settings = run_settings(pool, internal);
+            let settings = call_settings(pool, internal, timeout);
             Box::pin(alone::run_alone(
                 pool, sql, params, op, clean, waiting, settings,
             ))
@@ -315,6 +326,20 @@ fn admit(pool: &Arc<Lane>, sql: &str, internal: bool) -> Result<Option<Code>, Er
         return Ok(None);
     }
     Ok(Some(code))
+}
+
+/// How one call runs: [`run_settings`], under the caller's own deadline
+/// where it gave one.
+#[inline]
+fn call_settings(pool: &Lane, internal: bool, timeout: Option<Duration>) -> RunSettings {
+    let settings = run_settings(pool, internal);
+    match timeout {
+        None => settings,
+        timeout => RunSettings {
+            query_timeout: timeout,
+            ..settings
+        },
+    }
 }
 
 /// How a query runs: the pool's caps on answers, but not on the pool's own

@@ -27,6 +27,7 @@ use crate::listener::Listener;
 use crate::slow::Slow;
 use crate::statement::{ToQuery, pool_sql};
 use crate::status::Status;
+use crate::within::Within;
 
 /// Runs one query on the primary, as an expression to `.await` in place:
 /// with one host straight on its lane, with several through the
@@ -36,8 +37,16 @@ use crate::status::Status;
 macro_rules! on_primary {
     ($pool:expr, $sql:expr, $params:expr, $op:expr) => {
         match $pool.hosts.single() {
-            Some(host) => crate::lane::query::run(&host.write, $sql, $params, $op, false).await,
-            None => $pool.hosts.run($sql, $params, $op, false).await,
+            Some(host) => {
+                let how = crate::lane::query::How::PLAIN;
+                crate::lane::query::run(&host.write, $sql, $params, $op, how).await
+            }
+            None => {
+                $pool
+                    .hosts
+                    .run($sql, $params, $op, crate::lane::query::How::PLAIN)
+                    .await
+            }
         }
     };
 }
@@ -164,6 +173,27 @@ impl Pool {
     /// ```
     pub fn slow(&self) -> Slow<'_> {
         Slow::new(&self.hosts, None)
+    }
+
+    /// A handle whose queries each run under `timeout`, instead of the
+    /// pool's [`query_timeout`](PoolBuilder::query_timeout): a deadline
+    /// for one call, enforced as `query_timeout` is (see the guide's
+    /// errors page: past it the call fails with `QueryTimeout`, which says
+    /// whether the query may have run). A zero `timeout` is a `Config`
+    /// error at the call.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: pgpipe::Pool) -> Result<(), pgpipe::Error> {
+    /// use std::time::Duration;
+    /// let rows = pool
+    ///     .within(Duration::from_millis(250))
+    ///     .query("SELECT id FROM sessions WHERE user_id = $1", &[&42_i64])
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn within(&self, timeout: Duration) -> Within<'_> {
+        Within::new(&self.hosts, None, false, timeout)
     }
 
     /// A [`Listener`]: `LISTEN` on a connection of its own that is replaced
