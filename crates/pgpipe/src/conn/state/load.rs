@@ -4,7 +4,13 @@
 //! takes back a shared connection (`share`, `unshare`), by whoever closes
 //! it (`close`, and [`ConnState::quarantine`](super::ConnState::quarantine))
 //! and by its I/O task when that ends (`mark_dead`). Everyone reads it.
+//! Every write is one read-modify-write of the whole word, so no flag and
+//! no count is lost between writers: model-checked with loom in
+//! `crates/pgpipe-loom` (which compiles this file under `--cfg loom`).
 
+#[cfg(loom)]
+use loom::sync::atomic::{AtomicU64, Ordering};
+#[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A connection's in-flight count and flags in one word, so that "admit a
@@ -139,7 +145,7 @@ impl LoadWord {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
