@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hosts::Hosts;
-use crate::lane::query::How;
+use crate::lane::settings::How;
 use crate::slow::Slow;
 use crate::target::Consistency;
 use crate::within::Within;

@@ -9,7 +9,7 @@ use crate::statement::{ToQuery, pool_sql};
 use std::sync::Arc;
 
 use crate::hosts::Hosts;
-use crate::lane::query::How;
+use crate::lane::settings::How;
 use crate::target::Consistency;
 use crate::within::Within;
 use std::time::Duration;

@@ -10,7 +10,7 @@ use tokio_postgres::types::ToSql;
 use crate::answer::{Op, Reply, at_most_one, exactly_one};
 use crate::error::Error;
 use crate::hosts::Hosts;
-use crate::lane::query::How;
+use crate::lane::settings::How;
 use crate::statement::{ToQuery, pool_sql};
 use crate::target::Consistency;
 

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind};
 use crate::exclusive::Holder;
 use crate::lane::Lane;
 use crate::lane::retry::Retries;
-use crate::lane::{housekeeping, query};
+use crate::lane::{housekeeping, settings};
 use crate::ordered::{each_in_order, join_in_order};
 use crate::shared::costs::Costs;
 
@@ -27,7 +27,7 @@ impl Batch<'_> {
                     params::check_sql_size(item.sql).and_then(|()| inner.wire().check(item.sql));
                 match checked {
                     Ok(code) => {
-                        clean |= query::needs_cleanup(inner, code);
+                        clean |= settings::needs_cleanup(inner, code);
                         None
                     }
                     Err(e) => Some(Err(e)),

@@ -21,8 +21,8 @@ use crate::conn::run::{self, Late, Prepare, Target};
 use crate::conn::state::ConnState;
 use crate::error::{Error, ErrorKind};
 use crate::lane::Lane;
-use crate::lane::query;
 use crate::lane::retry::Retries;
+use crate::lane::settings;
 use crate::metrics::CloseReason;
 use crate::ordered::join_in_order;
 use crate::shared::costs::Costs;
@@ -57,7 +57,7 @@ impl Batch<'_> {
         self.items
             .iter()
             .any(|item| match inner.wire().check(item.sql) {
-                Ok(code) => query::needs_cleanup(inner, code),
+                Ok(code) => settings::needs_cleanup(inner, code),
                 Err(_) => true,
             })
     }

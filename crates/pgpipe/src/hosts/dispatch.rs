@@ -29,7 +29,8 @@ use super::Hosts;
 use crate::answer::{Answer, Op, Reply};
 use crate::error::{Error, ErrorKind};
 use crate::lane::Lane;
-use crate::lane::query::{self as one, How};
+use crate::lane::query as one;
+use crate::lane::settings::How;
 use crate::metrics::hosts::{RetryReason, RouteLabel};
 use crate::target::{Consistency, TargetSessionAttrs};
 

@@ -44,7 +44,7 @@ pub(super) async fn evicted(
     if let Some(metrics) = pool.metrics().filter(|_| !internal) {
         metrics.wire.evicted.inc();
     }
-    let limits = super::query::run_settings(pool, internal).limits;
+    let limits = super::settings::run_settings(pool, internal).limits;
     let left = query_timeout.map(|t| t.saturating_sub(ran_for));
     if left.is_some_and(|left| left.is_zero()) {
         return Err(Error::query_timeout_stopped(
@@ -57,7 +57,7 @@ pub(super) async fn evicted(
     // Behind a transaction pooler, where it ran in a block of its own: again
     // in one, under what is left of its deadline, or with no limit of the
     // pool's (no session setting, which would reach other clients).
-    let in_block = super::query::block_budget(pool, sql).is_some();
+    let in_block = super::settings::block_budget(pool, sql).is_some();
     let rerun = || async {
         let started = Instant::now();
         if in_block {

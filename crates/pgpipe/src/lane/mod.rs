@@ -24,6 +24,7 @@ pub(crate) mod query;
 mod quota;
 mod recipe;
 pub(crate) mod retry;
+pub(crate) mod settings;
 
 use crate::protocol::coalesce::Grouping;
 use std::fmt;

@@ -38,13 +38,13 @@ macro_rules! on_primary {
     ($pool:expr, $sql:expr, $params:expr, $op:expr) => {
         match $pool.hosts.single() {
             Some(host) => {
-                let how = crate::lane::query::How::PLAIN;
+                let how = crate::lane::settings::How::PLAIN;
                 crate::lane::query::run(&host.write, $sql, $params, $op, how).await
             }
             None => {
                 $pool
                     .hosts
-                    .run($sql, $params, $op, crate::lane::query::How::PLAIN)
+                    .run($sql, $params, $op, crate::lane::settings::How::PLAIN)
                     .await
             }
         }
