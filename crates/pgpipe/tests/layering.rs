@@ -13,7 +13,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "pool and handles",
         &[
-            "lib", "pool", "builder", "routed", "slow", "within", "batch", "executor", "listener", "guide",
+            "lib", "pool", "builder", "routed", "slow", "within", "batch", "executor", "listener",
+            "guide",
         ],
     ),
     ("hosts", &["hosts"]),
