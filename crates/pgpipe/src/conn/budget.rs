@@ -25,8 +25,17 @@ use crate::error::Error;
 /// 0.6 ms of server time, and a session cleanup runs this).
 pub(crate) fn budget_sql(ms: u32) -> String {
     format!(
-        "{POOL_OWN}RESET statement_timeout; \
-         SELECT pg_catalog.set_config('statement_timeout', '{ms}', false) AS pgpipe_budget \
+        "{POOL_OWN}RESET statement_timeout; {}",
+        take_budget_sql(ms, false)
+    )
+}
+
+/// `statement_timeout` = `ms`, for the session or (`local`) for the
+/// transaction, unless the one in force is already shorter; a row named
+/// `pgpipe_budget` comes back only when the budget was taken.
+pub(crate) fn take_budget_sql(ms: u32, local: bool) -> String {
+    format!(
+        "SELECT pg_catalog.set_config('statement_timeout', '{ms}', {local}) AS pgpipe_budget \
          WHERE (SELECT v = 0 OR v > {ms} FROM (SELECT pg_catalog.date_part('epoch', \
          pg_catalog.current_setting('statement_timeout')::pg_catalog.interval) * 1000 AS v) x)"
     )

@@ -24,6 +24,7 @@ use tokio_postgres::SimpleQueryMessage;
 
 use super::{Limits, Prepared, Target, Usable, both_in_order, send};
 use crate::answer::{Op, Reply};
+use crate::conn::budget::take_budget_sql;
 use crate::conn::params::Params;
 use crate::error::{Error, ErrorKind};
 use crate::protocol::watch::{BLOCK_BEGIN, BLOCK_COMMIT};
@@ -32,12 +33,7 @@ use crate::protocol::watch::{BLOCK_BEGIN, BLOCK_COMMIT};
 /// unless the session's own is already shorter (then that stays, as on a
 /// direct connection): a row comes back only when the budget was taken.
 fn head_sql(ms: u32) -> String {
-    format!(
-        "{BLOCK_BEGIN}SELECT pg_catalog.set_config('statement_timeout', '{ms}', true) \
-         AS pgpipe_budget WHERE (SELECT v = 0 OR v > {ms} FROM (SELECT \
-         pg_catalog.date_part('epoch', pg_catalog.current_setting('statement_timeout')\
-         ::pg_catalog.interval) * 1000 AS v) x)"
-    )
+    format!("{BLOCK_BEGIN}{}", take_budget_sql(ms, true))
 }
 
 /// Sends `statement` in a block of its own under `ms` of
