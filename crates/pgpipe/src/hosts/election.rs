@@ -37,6 +37,10 @@ pub(super) struct Election {
     /// Per host: a standby that lived through a change of primary and has
     /// not yet shown that it follows the new timeline (see `apply`).
     unproven: Vec<bool>,
+    /// Per host: the timeline it was last seen writable on (0: never). A
+    /// lower timeline is reinstated only once every host here above it
+    /// follows it (see [`reinstated`]).
+    writable_on: Vec<u32>,
 }
 
 impl Election {
@@ -82,6 +86,34 @@ impl Election {
             }
         }
         let timelines: Vec<(usize, u32)> = writable.iter().map(|(i, s)| (*i, s.timeline)).collect();
+        self.writable_on.resize(seen.len(), 0);
+        for &(i, timeline) in &timelines {
+            self.writable_on[i] = timeline;
+        }
+        let following: Vec<Option<u32>> = seen
+            .iter()
+            .map(|r| match r {
+                Ok(s) if s.recovery => Some(s.received_timeline),
+                _ => None,
+            })
+            .collect();
+        if let Some(lower) = reinstated(&timelines, self.highest, &self.writable_on, &following) {
+            // Every server that was writable above it now streams from it
+            // (rewound or rebuilt by an HA manager): the lower timeline is
+            // all that is left, and refusing it would leave no primary.
+            for on in &mut self.writable_on {
+                if *on > lower {
+                    *on = 0;
+                }
+            }
+            crate::trace::pool_warn!(
+                timeline = lower,
+                highest = self.highest,
+                "a primary on a lower timeline is reinstated: every server seen writable above \
+                 it is now a standby receiving its timeline"
+            );
+            self.highest = lower;
+        }
         let top = top_timeline(&timelines);
         if writable.len() > 1 || (top > 0 && top < self.highest) {
             if let Some(metrics) = metrics {
@@ -243,6 +275,38 @@ fn top_timeline(writable: &[(usize, u32)]) -> u32 {
     writable.iter().map(|&(_, t)| t).max().unwrap_or(0)
 }
 
+/// The lower timeline the one writable server may be elected on although
+/// a higher one was seen, when that is all the servers say is left: every
+/// host seen writable above it (`writable_on`) now answers as a standby
+/// receiving WAL on exactly its timeline (`following`: per host, this
+/// round's received timeline when in recovery), as a server rewound or
+/// rebuilt to follow it does. A host above it that is down, still
+/// writable, or in recovery without a known received timeline (reading it
+/// takes `pg_read_all_stats`) may still be a writable primary somewhere:
+/// no reinstatement.
+fn reinstated(
+    writable: &[(usize, u32)],
+    highest: u32,
+    writable_on: &[u32],
+    following: &[Option<u32>],
+) -> Option<u32> {
+    let &[(candidate, lower)] = writable else {
+        return None;
+    };
+    if lower == 0 || lower >= highest {
+        return None;
+    }
+    let mut above = writable_on
+        .iter()
+        .enumerate()
+        .filter(|&(i, &on)| i != candidate && on > lower)
+        .peekable();
+    above.peek()?;
+    above
+        .all(|(i, _)| following.get(i).copied().flatten() == Some(lower))
+        .then_some(lower)
+}
+
 /// The election, pure: from the writable servers of one round (host,
 /// timeline; each server once), the highest timeline any primary ever had,
 /// and the last primary: exactly one writable server on the top timeline,
@@ -305,6 +369,28 @@ mod tests {
         // The promoted server does not answer; the old primary is writable
         // on the old timeline: split brain, and no primary.
         assert_eq!(choose_primary(&[(0, 2)], 3, None), None);
+    }
+
+    #[test]
+    fn a_lower_timeline_is_reinstated_only_once_every_server_above_follows_it() {
+        // Host 1 was primary on timeline 3; host 0 is writable on 2.
+        let on = [2, 3, 0];
+        // Host 1 down, still writable elsewhere, or a standby of unknown
+        // or other timeline: refused.
+        assert_eq!(reinstated(&[(0, 2)], 3, &on, &[None, None, Some(2)]), None);
+        assert_eq!(reinstated(&[(0, 2)], 3, &on, &[None, Some(0), None]), None);
+        assert_eq!(reinstated(&[(0, 2)], 3, &on, &[None, Some(3), None]), None);
+        assert_eq!(
+            reinstated(&[(0, 2), (1, 3)], 3, &on, &[None, None, None]),
+            None
+        );
+        // Host 1 rewound to follow timeline 2: reinstated.
+        assert_eq!(
+            reinstated(&[(0, 2)], 3, &on, &[None, Some(2), Some(2)]),
+            Some(2)
+        );
+        // Nothing to reinstate on the highest timeline itself.
+        assert_eq!(reinstated(&[(1, 3)], 3, &on, &[Some(3), None, None]), None);
     }
 
     #[test]

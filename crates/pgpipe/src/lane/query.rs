@@ -27,7 +27,7 @@ use crate::answer::{Op, Reply};
 use crate::conn::budget::{UnderBudget, budget_ms, stopped_by_budget};
 use crate::conn::run::{self, Around, Prepare};
 use crate::error::{Error, ErrorKind};
-use crate::metrics::Counting;
+use crate::metrics::{CloseReason, Counting};
 use crate::protocol::sql_guard::{self, Code};
 use crate::shared::{Place, SharedConn};
 use crate::trace::Trace;
@@ -210,6 +210,12 @@ async fn one(
                         // it to a waiting query, which would be lost with it.
                         trace.lost(e);
                         router.retire(conn);
+                        // Nor, back in the pool, to its next user. (One
+                        // quarantined before this query went out is
+                        // reset instead.)
+                        if !e.is_unsent() {
+                            conn.conn().closing(CloseReason::Broken);
+                        }
                     }
                 }
                 match result {

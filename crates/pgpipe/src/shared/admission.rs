@@ -188,7 +188,7 @@ impl Router {
             ));
         }
         if self.conns.load().is_empty() {
-            if let Some(error) = self.open_backoff() {
+            if let Some(error) = self.open_refusal() {
                 return Err(error);
             }
         }

@@ -10,18 +10,28 @@ use tokio::time::Instant;
 use super::{Router, SharedConn};
 use crate::conn::Manager;
 use crate::error::{Error, ErrorKind};
+use crate::metrics::CloseReason;
 use crate::sync::lock;
 
-/// A failed open: no new open starts until `retry_at`, and queries that
-/// find no shared connection fail at once with this error instead of
-/// hammering a server that is down.
+/// A failed open: no new open starts until `retry_at`; once opens failed
+/// [`REFUSE_AFTER`] times in a row, queries that find no shared connection
+/// fail at once with this error instead of waiting on a server that is
+/// down.
 #[derive(Debug)]
 pub(super) struct OpenFailure {
     retry_at: Instant,
     backoff: Duration,
+    /// Opens failed in a row.
+    failures: u32,
     kind: ErrorKind,
     message: String,
 }
+
+/// Opens failed in a row before queries without a connection are refused.
+/// One failure is not enough: a backend ended while it was being opened
+/// (terminated with its neighbours, say) says nothing of the next one, and
+/// the queries waiting for it would all fail for one unlucky open.
+const REFUSE_AFTER: u32 = 2;
 
 impl OpenFailure {
     /// The error a query gets while the back-off lasts.
@@ -46,6 +56,16 @@ impl Router {
             .then(|| OpenFailure::error(failure.kind, &failure.message))
     }
 
+    /// The error a query without a shared connection gets at once: the last
+    /// failed open's, while its back-off lasts, once opens failed
+    /// [`REFUSE_AFTER`] times in a row.
+    pub(super) fn open_refusal(&self) -> Option<Error> {
+        let failure = lock(&self.failure);
+        let failure = failure.as_ref()?;
+        (failure.failures >= REFUSE_AFTER && Instant::now() < failure.retry_at)
+            .then(|| OpenFailure::error(failure.kind, &failure.message))
+    }
+
     /// When the back-off after the last failed open ends, while it lasts:
     /// until then a query that finds no shared connection fails at once
     /// without trying, so one that waits to try again waits this long too.
@@ -61,7 +81,8 @@ impl Router {
         until != 0 && self.wire.now_nanos() < until
     }
 
-    fn record_open(&self, result: Result<(), &Error>) {
+    /// Records an open's outcome; how many opens failed in a row.
+    fn record_open(&self, result: Result<(), &Error>) -> u32 {
         let mut failure = lock(&self.failure);
         *failure = match result {
             Ok(()) => {
@@ -73,16 +94,25 @@ impl Router {
                 let backoff = failure
                     .as_ref()
                     .map_or(BACKOFF_FIRST, |f| (f.backoff * 2).min(BACKOFF_MAX));
+                let failures = failure.as_ref().map_or(1, |f| f.failures + 1);
                 let until = self.wire.now_nanos() + backoff.as_nanos() as u64;
                 self.backoff_until.store(until, Ordering::Release);
                 Some(OpenFailure {
                     retry_at: Instant::now() + backoff,
                     backoff,
-                    kind: error.kind(),
+                    failures,
+                    // Whatever ended the attempt (a server's FATAL refusal
+                    // reads as a lost connection), the queries that get it
+                    // never reached a server.
+                    kind: match error.kind() {
+                        ErrorKind::ConnectionLost => ErrorKind::Connect,
+                        kind => kind,
+                    },
                     message: error.detail(),
                 })
             }
         };
+        failure.as_ref().map_or(0, |f| f.failures)
     }
 
     /// Starts opening one more shared connection, unless that would exceed
@@ -124,13 +154,25 @@ impl Router {
             create: None, // the connect timeout lives in the connection config
             recycle: Some(self.config.wait_timeout),
         };
-        let result = match self.pg.timeout_get(&timeouts).await {
-            Ok(object) => self.make_shared(object).await,
-            Err(e) => Err(Error::from_pool(e, "a connection for the shared path")),
+        let result = loop {
+            let object = match self.pg.timeout_get(&timeouts).await {
+                Ok(object) => object,
+                Err(e) => break Err(Error::from_pool(e, "a connection for the shared path")),
+            };
+            let reused = Object::metrics(&object).recycled.is_some();
+            match self.make_shared(object).await {
+                // A connection given back earlier that the server ended
+                // since (its backend terminated while it sat idle, or
+                // before its socket was seen closed) is no failed open:
+                // it is closed, and another taken. Each fails once, so
+                // this ends with the idle ones.
+                Err(error) if reused && error.kind() == ErrorKind::ConnectionLost => {}
+                result => break result,
+            }
         };
         match result {
             Ok(Some(conn)) => {
-                self.record_open(Ok(()));
+                let _ = self.record_open(Ok(()));
                 {
                     let _edit = lock(&self.edit);
                     let mut conns = Vec::clone(&self.conns.load());
@@ -143,11 +185,13 @@ impl Router {
                 self.opening.fetch_sub(1, Ordering::AcqRel);
             }
             Err(error) => {
-                self.record_open(Err(&error));
+                let failures = self.record_open(Err(&error));
                 self.opening.fetch_sub(1, Ordering::AcqRel);
-                // With no connection to wait for, waiting queries learn now
-                // why, instead of at their timeout.
-                if self.conns.load().is_empty() {
+                // With no connection to wait for, and opens failing in a
+                // row, waiting queries learn now why, instead of at their
+                // timeout. After one failure they wait for the next try,
+                // which the tick starts once the back-off ends.
+                if failures >= REFUSE_AFTER && self.conns.load().is_empty() {
                     let (kind, message) = (error.kind(), error.detail());
                     self.queue.fail_all(|| OpenFailure::error(kind, &message));
                 }
@@ -172,9 +216,13 @@ impl Router {
         // session under them (conn/budget.rs). Not behind a transaction
         // pooler, where a session setting would reach other clients.
         if !self.config.pooler.is_transaction() {
-            object
-                .share_session(self.config.head_of_line_budget)
-                .await?;
+            let shared = object.share_session(self.config.head_of_line_budget).await;
+            if let Err(error) = shared {
+                if error.kind() == ErrorKind::ConnectionLost {
+                    object.closing(CloseReason::Broken);
+                }
+                return Err(error);
+            }
         }
         Ok(Some(Arc::new(SharedConn::new(object, self.wire.ticks()))))
     }

@@ -1,5 +1,10 @@
 //! Cancel requests: a new socket to where the connection went, with its
-//! TLS settings, closed only once the server has taken the request.
+//! TLS settings, given up only once the server has closed it.
+//!
+//! As libpq does, nothing is sent after the request: no end of the sending
+//! half, no TLS `close_notify`. PgBouncer before 1.20 exits (pgbouncer#801)
+//! when a cancel request's client ends its socket before the bouncer has
+//! passed the request on; and until then the request may be dropped.
 
 use std::io;
 use std::pin::Pin;
@@ -10,10 +15,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 #[cfg(unix)]
 use tokio::net::UnixStream;
+use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 use tokio_postgres::{Config, NoTls};
 
 use super::socket::PeerAddr;
-use crate::conn::tls::{Tls, TlsSocket};
+use crate::conn::tls::{Erased, Tls, TlsSocket};
 
 /// Where a connection went, and how to reach it again: a cancel request
 /// opens a socket there, with the connection's TLS settings (a TLS-only
@@ -59,14 +65,13 @@ pub(crate) async fn send_cancel_request(peer: &Peer, token: &tokio_postgres::Can
                 let Ok(stream) = TcpStream::connect(addr).await else {
                     return;
                 };
-                let stream = UntilClosed(stream);
                 if let Some(connector) = peer.tls.connect_to(&peer.hostname) {
                     let _ = token
-                        .cancel_query_raw(TlsSocket::new(stream), connector)
+                        .cancel_query_raw(TlsSocket::new(stream), UntilClosedTls(connector))
                         .await;
                     return;
                 }
-                let _ = token.cancel_query_raw(stream, NoTls).await;
+                let _ = token.cancel_query_raw(UntilClosed(stream), NoTls).await;
             }
             #[cfg(unix)]
             PeerAddr::Unix(path) => {
@@ -79,9 +84,10 @@ pub(crate) async fn send_cancel_request(peer: &Peer, token: &tokio_postgres::Can
     let _ = tokio::time::timeout(peer.timeout, request).await;
 }
 
-/// A cancel request's socket, whose shutdown completes only when the server
-/// closes its end: the server signals the backend before it does, so once
-/// the request "finished", the backend has been told.
+/// A cancel request's socket (or its TLS stream), whose shutdown sends
+/// nothing and only waits for the server to close its end: the server
+/// signals the backend before it does, so once the request "finished", the
+/// backend has been told.
 #[derive(Debug)]
 struct UntilClosed<S>(S);
 
@@ -109,16 +115,40 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for UntilClosed<S> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        std::task::ready!(Pin::new(&mut self.0).poll_shutdown(cx))?;
         // Read (and drop) until the server closes: it answers a cancel
-        // request with nothing but that.
+        // request with nothing but that. A TLS stream closed without its
+        // `close_notify` is an error, and closed all the same.
         let mut scratch = [0u8; 64];
         loop {
             let mut buf = ReadBuf::new(&mut scratch);
-            std::task::ready!(Pin::new(&mut self.0).poll_read(cx, &mut buf))?;
-            if buf.filled().is_empty() {
-                return Poll::Ready(Ok(()));
+            match std::task::ready!(Pin::new(&mut self.0).poll_read(cx, &mut buf)) {
+                Ok(()) if !buf.filled().is_empty() => {}
+                _ => return Poll::Ready(Ok(())),
             }
         }
+    }
+}
+
+impl<S: TlsStream + Unpin> TlsStream for UntilClosed<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        self.0.channel_binding()
+    }
+}
+
+/// The pool's connector, its stream an [`UntilClosed`] one: its shutdown
+/// would otherwise send TLS `close_notify` and end the sending half.
+struct UntilClosedTls(Erased);
+
+type Handshake<T> =
+    Pin<Box<dyn Future<Output = Result<T, <Erased as TlsConnect<TlsSocket>>::Error>> + Send>>;
+
+impl TlsConnect<TlsSocket> for UntilClosedTls {
+    type Stream = UntilClosed<<Erased as TlsConnect<TlsSocket>>::Stream>;
+    type Error = <Erased as TlsConnect<TlsSocket>>::Error;
+    type Future = Handshake<Self::Stream>;
+
+    fn connect(self, socket: TlsSocket) -> Self::Future {
+        let handshake = self.0.connect(socket);
+        Box::pin(async move { Ok(UntilClosed(handshake.await?)) })
     }
 }

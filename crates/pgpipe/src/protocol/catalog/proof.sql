@@ -180,9 +180,11 @@ UNION SELECT 'u', site FROM sites WHERE site <> ALL ('{$CALL_SITES$}'::pg_catalo
 UNION SELECT 'c', $UNDO$
 -- A session's replication origin, where the role may set one up (the
 -- functions are revoked from PUBLIC: named in the cleanup of a role that
--- may not, they would fail it).
+-- may not, they would fail it). Not asked in recovery, which refuses even
+-- the question (and where no origin can be set up): CASE keeps the order.
 UNION SELECT 'c', 'SELECT pg_catalog.pg_replication_origin_session_reset() '
-               || 'WHERE pg_catalog.pg_replication_origin_session_is_setup()'
+               || 'WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN false '
+               || 'ELSE pg_catalog.pg_replication_origin_session_is_setup() END'
  WHERE pg_catalog.has_function_privilege(
            'pg_catalog.pg_replication_origin_session_reset()', 'execute')
    AND pg_catalog.has_function_privilege(
