@@ -27,10 +27,12 @@ async fn depth_stays_non_negative_and_returns_to_zero() {
     let admitted_before = warm.histogram_count("pgpipe_pipeline_in_flight");
     let alone_before = warm.histogram_at_most("pgpipe_pipeline_in_flight", 1.0);
     let within_before = warm.histogram_at_most("pgpipe_pipeline_in_flight", 64.0);
+    let scrape_before_128 = warm.histogram_at_most("pgpipe_pipeline_in_flight", 128.0);
     let ok_before = warm.value(
         "pgpipe_queries_total",
         &[("mode", "pipelined"), ("outcome", "ok")],
     );
+    let started = std::time::Instant::now();
     let load = {
         let pool = pool.clone();
         tokio::spawn(async move { echo_load(&pool, 64, 300).await })
@@ -45,19 +47,40 @@ async fn depth_stays_non_negative_and_returns_to_zero() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     load.await.unwrap();
+    let seconds = started.elapsed().as_secs();
     settle(&pool).await;
     let scrape = Scrape::of(&registry);
     assert_eq!(scrape.value("pgpipe_pipeline_depth", &[]), 0.0);
     assert_eq!(scrape.value("pgpipe_pipeline_queue_depth", &[]), 0.0);
-    assert!((1.0..=64.0).contains(&peak), "peak depth {peak}");
+    // 64 callers, and the pool's own fingerprint beside them at most.
+    assert!((1.0..=65.0).contains(&peak), "peak depth {peak}");
     // Queries in flight at each admission: some pipelined behind others,
     // never more than the 64 tasks (the count a scrape cannot reset).
+    // The pool's own catalog fingerprint (once a second while statements
+    // are judged, pipelined like any query) is admitted too: at most one
+    // per second the load and the settling took, and it may be the 65th.
     let admitted = scrape.histogram_count("pgpipe_pipeline_in_flight") - admitted_before;
-    assert_eq!(admitted, 64 * 300);
+    let own = admitted
+        .checked_sub(64 * 300)
+        .unwrap_or_else(|| panic!("{admitted} admitted, fewer than the 19200 queries"));
+    assert!(
+        own <= seconds + 3,
+        "{own} admissions beyond the callers' in {seconds} s"
+    );
     let alone = scrape.histogram_at_most("pgpipe_pipeline_in_flight", 1.0) - alone_before;
     let within = scrape.histogram_at_most("pgpipe_pipeline_in_flight", 64.0) - within_before;
     assert!(alone < admitted, "never more than one in flight");
-    assert_eq!(within, admitted, "more in flight than tasks");
+    // Above 64 only while the pool's own query is in flight beside the 64
+    // (the buckets end at 64 and 128); without it, never.
+    let within_two =
+        scrape.histogram_at_most("pgpipe_pipeline_in_flight", 128.0) - scrape_before_128;
+    assert_eq!(
+        within_two, admitted,
+        "more in flight than tasks and the pool's own"
+    );
+    if own == 0 {
+        assert_eq!(within, admitted, "more in flight than tasks");
+    }
     let ok = scrape.value(
         "pgpipe_queries_total",
         &[("mode", "pipelined"), ("outcome", "ok")],

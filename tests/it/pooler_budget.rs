@@ -101,15 +101,9 @@ async fn through_pgbouncer_1_18_a_row_lock_wait_stalls_no_neighbour() {
 /// PgBouncer 1.21+ (CI: 1.24): pipelines and named statements tracked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_pgbouncer_1_24_a_row_lock_wait_stalls_no_neighbour() {
-    let Ok(binary) = std::env::var("PGPIPE_PGBOUNCER_1_21") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "PGPIPE_PGBOUNCER_1_21 is unset and CI=true: .ci/run builds PgBouncer 1.24"
-        );
-        pgpipe_test_support::notice(
-            "SKIPPED through_pgbouncer_1_24_a_row_lock_wait_stalls_no_neighbour: set \
-             PGPIPE_PGBOUNCER_1_21 to a pgbouncer binary of version 1.21 or later",
-        );
+    let Some(binary) = pgpipe_test_support::newer_pgbouncer(
+        "through_pgbouncer_1_24_a_row_lock_wait_stalls_no_neighbour",
+    ) else {
         return;
     };
     let bouncer = bouncer(Some(binary)).expect("the binary given");

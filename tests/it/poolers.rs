@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use pgpipe::{ErrorKind, Executor, Pool, Pooler, Prepare};
 use pgpipe_test_support::{Cluster, Pgbouncer, Pgpool, unique};
 
-fn upstream() -> String {
+pub(super) fn upstream() -> String {
     super::support::server_addr()
 }
 
@@ -26,7 +26,7 @@ fn pgbouncer(mode: &str) -> Option<Pgbouncer> {
         .expect("PgBouncer starts")
 }
 
-fn pool(url: &str, pooler: Pooler) -> Pool {
+pub(super) fn pool(url: &str, pooler: Pooler) -> Pool {
     Pool::builder()
         .url(url)
         .max_size(4)
@@ -39,7 +39,7 @@ fn pool(url: &str, pooler: Pooler) -> Pool {
 
 /// What one run of [`load`] saw.
 #[derive(Debug, Default)]
-struct Report {
+pub(super) struct Report {
     ok: u64,
     /// Answers that were not the caller's own.
     wrong: u64,
@@ -69,7 +69,7 @@ impl Report {
 
     /// Asserts that no answer went wrong, nothing failed unexpectedly, and
     /// all `answers` came back.
-    fn assert_all_right(&self, answers: u64) {
+    pub(super) fn assert_all_right(&self, answers: u64) {
         assert_eq!(self.wrong + self.unexpected, 0, "{}", self.line());
         assert_eq!(
             self.ok + self.expected_errors,
@@ -117,7 +117,7 @@ impl Report {
 /// every 40th an atomic batch of three. Each answer is checked against the
 /// caller's own id. Stops early at `deadline` or, with `stop_at_hazard`, at
 /// the first wrong answer or unexpected error.
-async fn load(
+pub(super) async fn load(
     pool: &Pool,
     instance: u64,
     tasks: u64,
@@ -632,16 +632,9 @@ async fn the_server_behind_pgbouncer_stops_and_another_takes_over() {
 /// so when it is skipped (under `CI=true` it fails).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newer_pgbouncer_pipelines_with_named_statements() {
-    let Ok(binary) = std::env::var("PGPIPE_PGBOUNCER_1_21") else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "PGPIPE_PGBOUNCER_1_21 is unset and CI=true: .ci/run builds PgBouncer 1.24 \
-             (.ci/install-pgbouncer-1.24) and sets it, or this check would pass without checking"
-        );
-        pgpipe_test_support::notice(
-            "SKIPPED a_newer_pgbouncer_pipelines_with_named_statements: set \
-             PGPIPE_PGBOUNCER_1_21 to a pgbouncer binary of version 1.21 or later",
-        );
+    let Some(binary) =
+        pgpipe_test_support::newer_pgbouncer("a_newer_pgbouncer_pipelines_with_named_statements")
+    else {
         return;
     };
     let bouncer = Pgbouncer::builder(&upstream())

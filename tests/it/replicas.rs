@@ -637,7 +637,7 @@ async fn a_read_cancelled_by_a_recovery_conflict_runs_once_more_elsewhere_and_it
         tokio::spawn(async move {
             pool.read()
                 .query_one(
-                    &format!("SELECT count(*), pg_sleep(2.5)::text FROM {table}"),
+                    &format!("SELECT count(*), pg_sleep(6)::text FROM {table}"),
                     &[],
                 )
                 .await
@@ -653,15 +653,41 @@ async fn a_read_cancelled_by_a_recovery_conflict_runs_once_more_elsewhere_and_it
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The primary removes rows the standby's snapshot still sees: replay
+    // Until a standby runs the long read, it holds no snapshot to conflict
+    // with (on a busy machine a fixed pause was not always enough); and it
+    // sleeps 6 s so that it still runs when the removal is replayed there
+    // (with 2.5 s, under an hour's soak beside it, it had ended first).
+    let running = format!("SELECT count(*), pg_sleep(6)::text FROM {table}");
+    let mut started = false;
+    for _ in 0..200 {
+        for standby in &set.standbys {
+            let client = connect(&standby.url()).await.unwrap();
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE strpos(query, $1) > 0 AND state = 'active' AND pid <> pg_backend_pid()",
+                    &[&running],
+                )
+                .await
+                .unwrap();
+            started |= row.get::<_, i64>(0) > 0;
+        }
+        if started {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(started, "the long read never ran on a standby");
+    // The primary removes rows the standby's snapshot still sees (without
+    // truncating the table: its lock would conflict on every standby, and
+    // cancel the run elsewhere too): replay
     // waits max_standby_streaming_delay (1 s), then cancels the read.
     admin
         .batch_execute(&format!("DELETE FROM {table}"))
         .await
         .unwrap();
     admin
-        .simple_query(&format!("VACUUM {table}"))
+        .simple_query(&format!("VACUUM (TRUNCATE false) {table}"))
         .await
         .unwrap();
     let row = long.await.unwrap().expect("the read ran again elsewhere");

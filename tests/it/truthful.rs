@@ -172,9 +172,10 @@ async fn a_query_timeout_says_the_query_may_have_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_timeout_says_the_query_never_ran() {
     let registry = Registry::new();
+    let name = app("truth_wait");
     // The budget off: the busy statement must hold the one connection
     // (blocking.rs tests the budget).
-    let pool = builder(&app("truth_wait"))
+    let pool = builder(&name)
         .max_size(1)
         .max_exclusive(1)
         .pipelining(true)
@@ -184,11 +185,35 @@ async fn a_wait_timeout_says_the_query_never_ran() {
         .registry(&registry)
         .build()
         .unwrap();
+    // The one connection open before the busy statement takes it.
+    pool.query("SELECT 2", &[]).await.unwrap();
     let busy = {
         let pool = pool.clone();
-        tokio::spawn(async move { pool.query("SELECT pg_sleep(0.5)", &[]).await })
+        tokio::spawn(async move { pool.query("SELECT pg_sleep(3)", &[]).await })
     };
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Until the server runs it: a fixed sleep guessed how long that takes,
+    // and on a busy machine `SELECT 1` once went first.
+    let admin = pgpipe_test_support::admin().await;
+    let running = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let active: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND state = 'active' AND query LIKE '%pg_sleep(3)%'",
+                &[&name],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if active > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < running,
+            "the busy statement never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let e = pool.query("SELECT 1", &[]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(!e.may_have_run());
@@ -200,8 +225,8 @@ async fn a_wait_timeout_says_the_query_never_ran() {
     );
     assert_eq!(
         scrape.histogram_count("pgpipe_connection_wait_seconds"),
-        2,
-        "the failed wait is recorded too"
+        3,
+        "the failed wait is recorded too (beside the warm-up's and the busy one's)"
     );
 }
 

@@ -28,6 +28,8 @@ struct Writes {
     /// The first few refusals' errors, for a failure's message.
     why_refused: Vec<String>,
     unexpected: Vec<String>,
+    /// The longest any one write took, however it ended.
+    longest: Duration,
 }
 
 /// One read: when it started and ended, the server's port, the newest mark.
@@ -119,6 +121,7 @@ impl Load {
             writes.refused.extend(w.refused);
             writes.why_refused.extend(w.why_refused);
             writes.unexpected.extend(w.unexpected);
+            writes.longest = writes.longest.max(w.longest);
         }
         let mut reads = Reads::default();
         for reader in self.readers {
@@ -144,7 +147,10 @@ async fn write(pool: Pool, table: String, task: i64, running: Arc<AtomicBool>) -
     while running.load(Ordering::Relaxed) {
         let id = task * 1_000_000 + i;
         i += 1;
-        match pool.execute(&insert, &[&id]).await {
+        let started = Instant::now();
+        let result = pool.execute(&insert, &[&id]).await;
+        writes.longest = writes.longest.max(started.elapsed());
+        match result {
             Ok(_) => writes.acknowledged.push((id, Instant::now())),
             Err(e) if e.may_have_run() => writes.in_doubt.push(id),
             Err(e) if is_refusal(&e) => {
@@ -337,6 +343,11 @@ impl Outcome {
             .expect("writes resumed")
     }
 
+    /// The longest any one write took, however it ended.
+    pub(crate) fn longest_write(&self) -> Duration {
+        self.writes.longest
+    }
+
     /// Acknowledged writes after `since` that the server at `url` holds.
     pub(crate) async fn acknowledged_on(&self, url: &str, since: Instant) -> usize {
         let ids: Vec<i64> = self
@@ -358,7 +369,7 @@ impl Outcome {
     }
 
     /// No read failed, and reads never stopped for `max_gap`.
-    pub(crate) fn check_reads(&self, max_gap: Duration) {
+    pub(crate) fn check_reads(&self, max_gap: Duration) -> Duration {
         assert!(
             self.reads.failed.is_empty(),
             "{} reads failed: {:?}",
@@ -373,6 +384,7 @@ impl Outcome {
             .max()
             .unwrap_or_default();
         assert!(gap < max_gap, "reads stopped for {gap:?}");
+        gap
     }
 
     /// No read missed a mark acknowledged more than `bound` before it

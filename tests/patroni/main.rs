@@ -1,5 +1,5 @@
 //! pgpipe in front of the HA stack production teams run: a real
-//! three-member Patroni 3.0 cluster of PostgreSQL nodes on etcd 3.4
+//! three-member Patroni 4.1 cluster of PostgreSQL nodes on etcd 3.4
 //! (`synchronous_mode: true`), started by the test (`Patroni` in
 //! `pgpipe-test-support`), with every member listed in the pool, and then
 //! through HAProxy's read-write and read-only ports.
@@ -55,16 +55,21 @@ async fn a_switchover_under_load_loses_no_write_and_reads_never_stop() {
     switchover_under_load(
         &cluster,
         &pool,
-        Duration::from_secs(2),
+        (Duration::from_secs(3), Duration::from_secs(2)),
         "patroni switchover",
     )
     .await;
 }
 
 /// A switchover to the synchronous standby under [`Load`]; checks the
-/// writes, that they resumed within 3 s of the new leader, and that reads
-/// never stopped for `max_gap`.
-async fn switchover_under_load(cluster: &Patroni, pool: &Pool, max_gap: Duration, what: &str) {
+/// writes, that they resumed within `bounds.0` of the new leader, and that
+/// reads never stopped for `bounds.1`.
+async fn switchover_under_load(
+    cluster: &Patroni,
+    pool: &Pool,
+    bounds: (Duration, Duration),
+    what: &str,
+) {
     let candidate = cluster.sync_standby().expect("a synchronous standby");
     let load = Load::start(pool, cluster).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -78,13 +83,13 @@ async fn switchover_under_load(cluster: &Patroni, pool: &Pool, max_gap: Duration
     outcome.check_writes(&cluster.url(candidate)).await;
     let resumed = outcome.writes_resumed_after(promoted);
     assert!(
-        resumed < Duration::from_secs(3),
+        resumed < bounds.0,
         "writes resumed {resumed:?} after the new leader"
     );
-    outcome.check_reads(max_gap);
+    let gap = outcome.check_reads(bounds.1);
     notice(&format!(
         "{what}: {}; promoted {:?} after the request, writes resumed {resumed:?} after the \
-         promotion",
+         promotion, longest gap between reads {gap:?}",
         outcome.summary(),
         promoted - switched
     ));
@@ -218,10 +223,103 @@ async fn the_leaders_agent_killed_fails_over_after_its_key_expires_and_rejoins()
     ));
 }
 
+/// The leader frozen (issue #47): its postgres (postmaster and every
+/// backend) and its Patroni agent stopped with `SIGSTOP`, sockets open,
+/// until Patroni promotes another member after `ttl`, and well after; then
+/// thawed. Writes waiting for the frozen leader move to the new one the
+/// moment the pool elects it: the first is acknowledged within 2 s of the
+/// promotion; no write call outlives its own bounds (`failover_wait` and
+/// `wait_timeout` 60 s, `query_timeout` 3 s, as an operator's pool would
+/// have); no acknowledged write is lost or run twice (Patroni 4: the
+/// thawed leader finds the key taken, demotes itself and rejoins as a
+/// standby, where Debian's 3.0.2 could take the key back and have the
+/// new leader's writes rewound away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_leader_hands_its_waiting_writes_to_the_new_one_when_it_is_promoted() {
+    let _turn = SERIAL.lock().await;
+    let Some(cluster) = cluster() else { return };
+    let bound = Duration::from_secs(60);
+    let pool = pool_over(&cluster.multi_host_url())
+        .failover_wait(bound)
+        .wait_timeout(bound)
+        .query_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let old = cluster.leader().expect("a leader");
+    let load = Load::start(&pool, &cluster).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let frozen = Instant::now();
+    cluster.freeze(old).unwrap();
+    let elected = tokio::task::block_in_place(|| {
+        cluster.wait_for(TTL * 3, |c| c.leader().is_some_and(|n| n != old))
+    });
+    if !elected {
+        cluster.thaw(old).unwrap();
+    }
+    assert!(
+        elected,
+        "no new leader while the old one was frozen; {}",
+        cluster.log_tails()
+    );
+    let new = cluster.leader().expect("the new leader");
+    let elected = frozen.elapsed();
+    // Frozen well past the promotion, then thawed: it must not take the
+    // leader key back.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.thaw(old).unwrap();
+    let rejoined = tokio::task::block_in_place(|| {
+        cluster.wait_for(Duration::from_secs(90), |c| c.answers(old, "/replica"))
+    });
+    assert!(
+        rejoined,
+        "the thawed leader never rejoined as a standby; {}",
+        cluster.log_tails()
+    );
+    let rejoined = frozen.elapsed();
+    assert_eq!(
+        cluster.leader(),
+        Some(new),
+        "the thawed leader took the key back"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let outcome = load.stop().await;
+    let stopped = frozen.elapsed();
+    outcome.check_writes(&cluster.url(new)).await;
+    let promoted = outcome
+        .promoted_at(new)
+        .expect("the new leader was promoted");
+    let resumed = outcome.writes_resumed_after(promoted);
+    assert!(
+        resumed < Duration::from_secs(2),
+        "writes resumed {resumed:?} after the promotion"
+    );
+    notice(&format!(
+        "frozen leader: elected {elected:?}, rejoined {rejoined:?}, load stopped {stopped:?}, \
+         checked {:?} after the freeze",
+        frozen.elapsed()
+    ));
+    let gap = outcome.check_reads(Duration::from_secs(3));
+    let longest = outcome.longest_write();
+    assert!(
+        longest < bound + Duration::from_secs(5),
+        "a write took {longest:?}, past its own bounds"
+    );
+    notice(&format!(
+        "patroni leader frozen: {}; new leader {:?} after the freeze, writes resumed {resumed:?} \
+         after the promotion, longest write {longest:?}, longest gap between reads {gap:?}",
+        outcome.summary(),
+        promoted - frozen
+    ));
+}
+
 /// The second topology: the pool lists HAProxy's read-write port as its
 /// primary and its read-only port as its replica, HAProxy choosing by
 /// Patroni's REST API. A switchover under the same load: no acknowledged
-/// write lost or run twice, writes resume within 3 s, reads go on.
+/// write lost or run twice, writes resume and reads go on within 4 s: the
+/// pool sees the cluster only through HAProxy, which takes up to 1 s of
+/// checks (500 ms, two failures) to mark a server down or up, and holds a
+/// connection while its backend has no server up for up to `timeout
+/// connect` (2 s) before it drops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn through_haproxy_a_switchover_loses_no_write_and_reads_go_on() {
     let _turn = SERIAL.lock().await;
@@ -238,7 +336,7 @@ async fn through_haproxy_a_switchover_loses_no_write_and_reads_go_on() {
     switchover_under_load(
         &cluster,
         &pool,
-        Duration::from_secs(3),
+        (Duration::from_secs(4), Duration::from_secs(4)),
         "patroni switchover through haproxy",
     )
     .await;

@@ -51,7 +51,9 @@ async fn queries_have_spans_and_quarantines_are_events() {
         .max_exclusive(1)
         .pipelining(true)
         .pool_name("traced")
-        .log_slow_statements(std::time::Duration::from_millis(100))
+        // Far above what a quick query takes on a busy machine (a first
+        // query there once took 166 ms and was logged as slow too).
+        .log_slow_statements(std::time::Duration::from_secs(1))
         .build()
         .unwrap();
     let secret = "sentinel-parameter-value";
@@ -83,7 +85,7 @@ async fn queries_have_spans_and_quarantines_are_events() {
     // name it; a query past log_slow_statements is an event.
     let e = pool.query("SELECT 1 / 0", &[]).await.unwrap_err();
     assert_eq!(e.code().map(|c| c.code()), Some("22012"));
-    pool.query("SELECT pg_sleep(0.2)", &[]).await.unwrap();
+    pool.query("SELECT pg_sleep(1.2)", &[]).await.unwrap();
     pool.query("SELECT 2", &[]).await.unwrap();
     drop(pool);
 

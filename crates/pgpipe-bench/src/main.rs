@@ -7,6 +7,7 @@
 //! cargo run --release -p pgpipe-bench -- --full       # the whole sweep
 //! cargo run --release -p pgpipe-bench -- --quick --smoke   # seconds; CI
 //! cargo run --release -p pgpipe-bench -- --faults --rounds 3   # issue #42
+//! cargo run --release -p pgpipe-bench -- --soak 3600           # issue #45
 //! ```
 //!
 //! The server comes from `DATABASE_URL` (default
@@ -23,8 +24,10 @@ mod pgbench;
 mod plan;
 mod replicas;
 mod report;
+mod soak;
 mod sysstat;
 mod targets;
+mod tuning;
 mod workload;
 
 use std::process::ExitCode;
@@ -114,6 +117,10 @@ async fn run_plan(plan: Plan, args: Vec<String>) -> ExitCode {
             .map_err(|e| e.to_string().into())
     } else if plan.replicas {
         replicas::run(&plan).await
+    } else if let Some(length) = plan.soak {
+        soak::run(&plan, length)
+            .await
+            .map_err(|e| e.to_string().into())
     } else if plan.faults {
         faults::run(&plan, &server.url)
             .await
@@ -155,13 +162,17 @@ async fn run(
     // In front of the proxy, so that the injected round trip lies between
     // PgBouncer and the server.
     let start_bouncer = |mode: &str, servers: &str| -> Result<_, Box<dyn std::error::Error>> {
-        Ok(
-            pgpipe_test_support::Pgbouncer::builder(&proxy.addr().to_string())
-                .setting("pool_mode", mode)
-                .setting("default_pool_size", servers)
-                .start()?
-                .ok_or("--pgbouncer needs PgBouncer (apt-get install pgbouncer)")?,
-        )
+        let mut bouncer = pgpipe_test_support::Pgbouncer::builder(&proxy.addr().to_string())
+            .setting("pool_mode", mode)
+            .setting("default_pool_size", servers);
+        if let Some(binary) = &plan.pgbouncer_binary {
+            bouncer = bouncer
+                .binary(binary)
+                .setting("max_prepared_statements", "200");
+        }
+        Ok(bouncer
+            .start()?
+            .ok_or("--pgbouncer needs PgBouncer (apt-get install pgbouncer)")?)
     };
     let bouncers = if plan.pgbouncer {
         Some((

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::targets::{Kind, Tuning};
+use crate::targets::Kind;
+use crate::tuning::Tuning;
 use crate::workload::Workload;
 
 pub(crate) const HELP: &str = "\
@@ -29,6 +30,10 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      connections) pgpipe declared for it against deadpool-postgres with
                      query_typed; pgpipe through session mode; pgpipe direct. Give it
                      before --targets
+  --pgbouncer-binary PATH
+                     as --pgbouncer, through this PgBouncer (1.21 or later): in
+                     transaction mode with max_prepared_statements 200, pgpipe
+                     declared for it (pipelined, named statements)
   --replicas         a primary and two streaming standbys of the benchmark's own, a proxy in
                      front of each: read throughput through pool.read() with 0, 1 and 2
                      standbys, and execute_tracked's cost per write (--delays-us, --tasks,
@@ -38,6 +43,13 @@ USAGE: pgpipe-bench [--quick | --full] [--smoke] [OPTIONS]
                      deadpool-postgres (4, 16) and a shared client: echo p99, p99.9, max,
                      calls over 100 ms and 1 s, q/s during the fault (--rounds and
                      --duration, the seconds after the fault, apply)
+  --soak SECS        the example service's mix (echo, reads on a standby, transfers, batches,
+                     slow(), notifications) on one pool over a primary and a standby of its own
+                     for SECS seconds, a fault every --fault-every seconds (backends
+                     terminated, proxy stalled, connections cut, primary restarted, standby
+                     lost): wrong answers, hangs, and whether RSS, descriptors, tasks,
+                     connections or any gauge grew
+  --fault-every SECS with --soak (default 180)
   --depth N          pgpipe: max_pipeline_depth (default: the pool's default)
   --max-exclusive N  pgpipe: max_exclusive (default: the pool's default)
   --workers N        tokio worker threads for every target (default: one per core; with
@@ -68,10 +80,15 @@ pub(crate) struct Plan {
     pub(crate) pgbench: Option<Duration>,
     /// Through a PgBouncer 1.18 of the benchmark's own, in transaction mode.
     pub(crate) pgbouncer: bool,
+    /// `--pgbouncer-binary`: another PgBouncer (1.21+) than Debian's.
+    pub(crate) pgbouncer_binary: Option<PathBuf>,
     /// The `--replicas` tables instead of the comparison.
     pub(crate) replicas: bool,
     /// The `--faults` table (issue #42) instead of the comparison.
     pub(crate) faults: bool,
+    /// `--soak SECS` (issue #45) instead of the comparison.
+    pub(crate) soak: Option<Duration>,
+    pub(crate) fault_every: Duration,
     pub(crate) smoke: bool,
     pub(crate) out: PathBuf,
     pub(crate) chart: PathBuf,
@@ -101,8 +118,11 @@ impl Plan {
             targets: Kind::ALL.to_vec(),
             pgbench: Some(Duration::from_secs(2)),
             pgbouncer: false,
+            pgbouncer_binary: None,
             replicas: false,
             faults: false,
+            soak: None,
+            fault_every: Duration::from_secs(180),
             smoke: false,
             out: PathBuf::from("bench-results/results.jsonl"),
             chart: PathBuf::from("bench-results/throughput.svg"),
@@ -172,12 +192,28 @@ impl Plan {
                 }
                 "--chart" => plan.chart = PathBuf::from(value()?),
                 "--no-pgbench" => plan.pgbench = None,
+                "--pgbouncer-binary" => {
+                    let binary = PathBuf::from(value()?);
+                    plan.tuning.bouncer = Some(bouncer_version(&binary)?);
+                    plan.pgbouncer_binary = Some(binary);
+                    plan.pgbouncer = true;
+                    plan.targets = Kind::THROUGH_PGBOUNCER.to_vec();
+                    plan.pgbench = None;
+                }
                 "--pgbouncer" => {
                     plan.pgbouncer = true;
                     plan.targets = Kind::THROUGH_PGBOUNCER.to_vec();
                     plan.pgbench = None;
                 }
                 "--faults" => plan.faults = true,
+                "--soak" => match parse_one::<u64>(&value()?)? {
+                    0 => return Err("--soak needs a length in seconds".to_string()),
+                    secs => plan.soak = Some(Duration::from_secs(secs)),
+                },
+                "--fault-every" => match parse_one::<u64>(&value()?)? {
+                    0 => return Err("--fault-every must be at least 1 second".to_string()),
+                    secs => plan.fault_every = Duration::from_secs(secs),
+                },
                 "--replicas" => {
                     plan.replicas = true;
                     plan.tasks = vec![512];
@@ -256,4 +292,29 @@ pub(crate) fn parse_one<T: std::str::FromStr>(s: &str) -> Result<T, String> {
 
 pub(crate) fn parse_list<T: std::str::FromStr>(s: &str) -> Result<Vec<T>, String> {
     s.split(',').map(parse_one).collect()
+}
+
+/// `(major, minor)` of the PgBouncer at `binary`, from `--version`; 1.21 or
+/// later (the ones that track pipelines and named statements).
+fn bouncer_version(binary: &std::path::Path) -> Result<(u16, u16), String> {
+    let output = std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("--pgbouncer-binary {}: {e}", binary.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let version = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| {
+            let mut parts = v.split('.').map(str::parse::<u16>);
+            Some((parts.next()?.ok()?, parts.next()?.ok()?))
+        })
+        .ok_or_else(|| format!("--pgbouncer-binary: no version in {text:?}"))?;
+    if version < (1, 21) {
+        return Err(format!(
+            "--pgbouncer-binary: PgBouncer {}.{} does not track named statements (1.21+)",
+            version.0, version.1
+        ));
+    }
+    Ok(version)
 }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row, Statement};
 
+use crate::tuning::Tuning;
+
 /// Which pool, and how big.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -19,9 +21,9 @@ pub(crate) enum Kind {
     Deadpool(usize),
     /// One tokio-postgres client shared by every task (its own pipelining).
     SharedClient,
-    /// pgpipe through PgBouncer 1.18 in transaction mode, declared so
-    /// (`Pooler::pgbouncer_transaction((1, 18), 0)`: unnamed statements, one
-    /// query on the wire per connection).
+    /// pgpipe through PgBouncer in transaction mode, declared so: 1.18,
+    /// unnamed statements, one query on the wire per connection; 1.21+
+    /// (`Tuning::bouncer`), pipelined, named statements tracked.
     PgpipeBouncer(usize),
     /// deadpool-postgres through the same PgBouncer, as its users must run
     /// it there: no statement cache, every query one `query_typed` group.
@@ -88,19 +90,6 @@ impl Kind {
     }
 }
 
-/// pgpipe settings to try (the defaults when unset).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Tuning {
-    pub(crate) depth: Option<usize>,
-    pub(crate) max_exclusive: Option<usize>,
-    pub(crate) routing: Option<pgpipe::Routing>,
-    pub(crate) window: Option<std::time::Duration>,
-    /// `Some(None)` turns head-of-line awareness off.
-    pub(crate) slow: Option<Option<std::time::Duration>>,
-    /// `Some(None)` turns the head-of-line budget off.
-    pub(crate) budget: Option<Option<std::time::Duration>>,
-}
-
 /// How pgpipe runs a transfer's transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TxVia {
@@ -144,17 +133,23 @@ impl Target {
             Kind::PgpipeBouncer(n) | Kind::PgpipeSession(n) => {
                 let pooler = match kind {
                     Kind::PgpipeSession(_) => pgpipe::Pooler::Session,
-                    _ => pgpipe::Pooler::pgbouncer_transaction((1, 18), 0),
+                    _ => match tuning.bouncer {
+                        Some(version) => pgpipe::Pooler::pgbouncer_transaction(version, 200),
+                        None => pgpipe::Pooler::pgbouncer_transaction((1, 18), 0),
+                    },
                 };
                 let registry = prometheus::Registry::new();
-                let pool = pgpipe::Pool::builder()
+                let mut builder = pgpipe::Pool::builder()
                     .url(url)
                     .max_size(n)
                     .pipelining(true)
                     .pooler(pooler)
                     .queue_capacity(100_000)
-                    .registry(&registry)
-                    .build()?;
+                    .registry(&registry);
+                if let Some(budget) = tuning.budget {
+                    builder = builder.head_of_line_budget(budget);
+                }
+                let pool = builder.build()?;
                 Target::Pgpipe(pool, registry)
             }
             Kind::DeadpoolBouncer(n) => {

@@ -29,7 +29,7 @@ mod priority;
 mod replication;
 
 pub use patroni::{HaproxyPorts, Patroni};
-pub use pgbouncer::{Pgbouncer, PgbouncerBuilder};
+pub use pgbouncer::{Pgbouncer, PgbouncerBuilder, newer_pgbouncer};
 pub use pgpool::Pgpool;
 pub use priority::ahead_of_other_work;
 pub use replication::{ReplicaSet, ReplicaSetBuilder, connect};
@@ -300,29 +300,7 @@ impl ClusterBuilder {
     /// fail.
     pub fn standby_of(self, primary: &Cluster) -> io::Result<Cluster> {
         let cluster = Cluster::empty(self.settings, self.bin)?;
-        if !cluster.bin.join("pg_basebackup").exists() {
-            replication::copied_standby(&cluster, primary)?;
-            cluster.first_start()?;
-            return Ok(cluster);
-        }
-        cluster.run(
-            "pg_basebackup",
-            &[
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &primary.port().to_string(),
-                "-U",
-                "postgres",
-                "-D",
-                &cluster.data(),
-                "-R",
-                "-X",
-                "stream",
-                "-c",
-                "fast",
-            ],
-        )?;
+        cluster.copy_as_standby_of(primary)?;
         cluster.first_start()?;
         Ok(cluster)
     }
@@ -663,12 +641,10 @@ pub(crate) fn hand_to_postgres_user(dir: &Path) -> io::Result<()> {
 /// Missing, outside CI it skips the test that needs it (`None`, with a
 /// note); under CI (`CI=true`) it panics: `.ci/run` installs them.
 pub fn major_bin(major: u32) -> Option<PathBuf> {
-    let cache = match std::env::var_os("PGPIPE_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None if is_root() => PathBuf::from("/var/cache/pgpipe"),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pgpipe"),
-    };
-    let bin = cache.join("postgres").join(major.to_string()).join("bin");
+    let bin = cache_dir()
+        .join("postgres")
+        .join(major.to_string())
+        .join("bin");
     if bin.join("postgres").is_file() {
         return Some(bin);
     }
@@ -683,6 +659,16 @@ pub fn major_bin(major: u32) -> Option<PathBuf> {
          (under CI=true this fails)"
     ));
     None
+}
+
+/// Where `.ci/install-*` put what they install: `$PGPIPE_CACHE`, else
+/// `/var/cache/pgpipe` as root, else `~/.cache/pgpipe`.
+pub(crate) fn cache_dir() -> PathBuf {
+    match std::env::var_os("PGPIPE_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None if is_root() => PathBuf::from("/var/cache/pgpipe"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/pgpipe"),
+    }
 }
 
 /// The directory holding `initdb` and `pg_ctl`: `PG_BIN` if set, else the
@@ -706,8 +692,10 @@ pub(crate) fn server_bin_dir() -> Option<PathBuf> {
 
 /// Whether a failed start's message (with its server log) says the port
 /// was in use.
-fn port_taken(message: &str) -> bool {
+pub(crate) fn port_taken(message: &str) -> bool {
     message.contains("could not bind") || message.contains("Address already in use")
+        // etcd's Go: "bind: address already in use".
+        || message.contains("address already in use")
 }
 
 pub(crate) fn free_port() -> io::Result<u16> {

@@ -36,66 +36,25 @@ impl Pgpool {
         let (host, upstream_port) = upstream
             .rsplit_once(':')
             .ok_or_else(|| io::Error::other(format!("{upstream}: not host:port")))?;
-        let dir = std::env::temp_dir().join(unique("pgpipe-pgpool"));
-        fs::create_dir_all(&dir)?;
-        let port = free_port()?;
-        let pcp_port = free_port()?;
-        let d = dir.display();
-        let config = format!(
-            "backend_clustering_mode = 'raw'\nlisten_addresses = '127.0.0.1'\nport = {port}\n\
-             socket_dir = '{d}'\npcp_listen_addresses = ''\npcp_port = {pcp_port}\n\
-             pcp_socket_dir = '{d}'\nwd_ipc_socket_dir = '{d}'\npid_file_name = '{d}/pgpool.pid'\n\
-             logdir = '{d}'\nbackend_hostname0 = '{host}'\nbackend_port0 = {upstream_port}\n\
-             backend_weight0 = 1\nbackend_flag0 = 'DISALLOW_TO_FAILOVER'\nenable_pool_hba = off\n\
-             num_init_children = {children}\nmax_pool = 1\nload_balance_mode = off\n\
-             sr_check_period = 0\nhealth_check_period = 0\nfailover_on_backend_error = off\n\
-             use_watchdog = off\nmemory_cache_enabled = off\n"
-        );
-        let conf = dir.join("pgpool.conf");
-        fs::write(&conf, config)?;
-        fs::write(dir.join("pcp.conf"), "")?;
-        fs::write(dir.join("pool_hba.conf"), "")?;
-        for path in [
-            dir.clone(),
-            conf.clone(),
-            dir.join("pcp.conf"),
-            dir.join("pool_hba.conf"),
-        ] {
-            hand_to_postgres_user(&path)?;
-        }
-        let log = fs::File::create(dir.join("pgpool.log"))?;
-        hand_to_postgres_user(&dir.join("pgpool.log"))?;
-        let arg = |p: &Path| p.display().to_string();
-        let child = as_postgres_user(
-            &binary,
-            &[
-                "-n",
-                "-D",
-                "-f",
-                &arg(&conf),
-                "-F",
-                &arg(&dir.join("pcp.conf")),
-                "-a",
-                &arg(&dir.join("pool_hba.conf")),
-            ],
-        )
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()?;
-        let mut pool = Pgpool { dir, port, child };
-        pool.spawn_reaper()?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline || pool.child.try_wait()?.is_some() {
-                return Err(io::Error::other(format!(
-                    "pgpool did not answer within 20 s: {}",
-                    pool.log()
-                )));
+        // Free ports are chosen by binding port 0 and letting it go: another
+        // process may take one before pgpool binds it. Then other ports, up
+        // to five times.
+        let mut tries = 0;
+        loop {
+            // A directory of its own each time: a failed try's is removed.
+            let dir = std::env::temp_dir().join(unique("pgpipe-pgpool"));
+            fs::create_dir_all(&dir)?;
+            let ports = (free_port()?, free_port()?);
+            let upstream = (host, upstream_port);
+            match launch(&binary, &dir, ports, upstream, children) {
+                Err(e) if tries < 5 && crate::port_taken(&e.to_string()) => {
+                    tries += 1;
+                    crate::notice("a port was taken before pgpool started; trying others");
+                }
+                Err(e) => return Err(e),
+                Ok(pool) => return Ok(Some(pool)),
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(Some(pool))
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/DB`, `DB` the database
@@ -150,4 +109,81 @@ impl Drop for Pgpool {
         let _ = self.child.wait();
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Writes a configuration for `ports` (client, pcp) in front of `upstream`
+/// and starts pgpool-II in the foreground; waits until it says it started.
+fn launch(
+    binary: &Path,
+    dir: &Path,
+    ports: (u16, u16),
+    upstream: (&str, &str),
+    children: u32,
+) -> io::Result<Pgpool> {
+    let (port, pcp_port) = ports;
+    let (host, upstream_port) = upstream;
+    let d = dir.display();
+    let config = format!(
+        "backend_clustering_mode = 'raw'\nlisten_addresses = '127.0.0.1'\nport = {port}\n\
+         socket_dir = '{d}'\npcp_listen_addresses = ''\npcp_port = {pcp_port}\n\
+         pcp_socket_dir = '{d}'\nwd_ipc_socket_dir = '{d}'\npid_file_name = '{d}/pgpool.pid'\n\
+         logdir = '{d}'\nbackend_hostname0 = '{host}'\nbackend_port0 = {upstream_port}\n\
+         backend_weight0 = 1\nbackend_flag0 = 'DISALLOW_TO_FAILOVER'\nenable_pool_hba = off\n\
+         num_init_children = {children}\nmax_pool = 1\nload_balance_mode = off\n\
+         sr_check_period = 0\nhealth_check_period = 0\nfailover_on_backend_error = off\n\
+         use_watchdog = off\nmemory_cache_enabled = off\n"
+    );
+    let conf = dir.join("pgpool.conf");
+    fs::write(&conf, config)?;
+    fs::write(dir.join("pcp.conf"), "")?;
+    fs::write(dir.join("pool_hba.conf"), "")?;
+    for path in [
+        dir.to_path_buf(),
+        conf.clone(),
+        dir.join("pcp.conf"),
+        dir.join("pool_hba.conf"),
+    ] {
+        hand_to_postgres_user(&path)?;
+    }
+    let log = fs::File::create(dir.join("pgpool.log"))?;
+    hand_to_postgres_user(&dir.join("pgpool.log"))?;
+    let arg = |p: &Path| p.display().to_string();
+    let child = as_postgres_user(
+        binary,
+        &[
+            "-n",
+            "-D",
+            "-f",
+            &arg(&conf),
+            "-F",
+            &arg(&dir.join("pcp.conf")),
+            "-a",
+            &arg(&dir.join("pool_hba.conf")),
+        ],
+    )
+    .stdin(Stdio::null())
+    .stdout(log.try_clone()?)
+    .stderr(log)
+    .spawn()?;
+    let mut pool = Pgpool {
+        dir: dir.to_path_buf(),
+        port,
+        child,
+    };
+    // Its own word that it listens: a connect alone may reach whoever
+    // took the port. Its end, with its log, if it exits first.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !pool.log().contains("successfully started") {
+        if Instant::now() > deadline || pool.child.try_wait()?.is_some() {
+            let _ = pool.child.kill();
+            let _ = pool.child.wait();
+            return Err(io::Error::other(format!(
+                "pgpool did not start within 20 s: {}",
+                pool.log()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    pool.spawn_reaper()?;
+    Ok(pool)
 }

@@ -159,6 +159,52 @@ impl ReplicaSet {
     }
 }
 
+impl Cluster {
+    /// Makes the (empty) data directory a standby of `primary`:
+    /// `pg_basebackup -R`, or where the server binaries have none, a copy
+    /// between `pg_backup_start` and `pg_backup_stop` (see
+    /// [`copied_standby`]).
+    pub(crate) fn copy_as_standby_of(&self, primary: &Cluster) -> io::Result<()> {
+        if !self.bin.join("pg_basebackup").exists() {
+            return copied_standby(self, primary);
+        }
+        self.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port().to_string(),
+                "-U",
+                "postgres",
+                "-D",
+                &self.data(),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ],
+        )
+    }
+
+    /// What an HA manager does to a server that must follow another
+    /// (Patroni's `reinit`, or `pg_rewind` where it can): the server
+    /// stopped, its data thrown away, and made again a streaming standby
+    /// of `primary`, on its own port and with its own settings, so that it
+    /// then receives `primary`'s timeline.
+    ///
+    /// # Errors
+    ///
+    /// When the copy or the start fails.
+    pub fn rebuild_as_standby_of(&self, primary: &Cluster) -> io::Result<()> {
+        let _ = self.stop("immediate");
+        std::fs::remove_dir_all(self.data())?;
+        self.copy_as_standby_of(primary)?;
+        self.start_server()
+    }
+}
+
 /// Makes `cluster`'s data directory a standby of `primary` without
 /// `pg_basebackup` (the PostgreSQL builds of other majors that CI installs
 /// carry the server only): in one `psql` session (the machine's client

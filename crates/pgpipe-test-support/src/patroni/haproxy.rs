@@ -123,16 +123,7 @@ fn settled(stats: u16) -> bool {
 
 /// The body of `GET path` on `127.0.0.1:port`.
 fn http_body(port: u16, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).ok()?;
+    let answer = super::http::http_get(port, path)?;
     let (_, body) = answer.split_once("\r\n\r\n")?;
     Some(body.to_owned())
 }
