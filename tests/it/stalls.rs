@@ -85,7 +85,27 @@ fn signal(signal: &str, pid: i32) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_backend_is_detected_and_abandoned() {
-    let app = app("sigstop");
+    stop_the_backend_under("sigstop", "SELECT $1::float8 * 0, $2::int8", 0.0).await;
+}
+
+/// A statement the pool learned is slow (30 ms each run, past the 5 ms
+/// threshold) runs on the shared path under the head-of-line budget
+/// (100 ms): the server answers it by then, so silence past the budget and
+/// `stall_timeout` is a stall, not a long statement. The watchdog once
+/// left a connection running a learned-slow statement alone, a guess: on a
+/// stopped backend its queries hung (without `query_timeout`, for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_backend_running_a_learned_slow_statement_is_detected() {
+    stop_the_backend_under("sigstop_slow", "SELECT pg_sleep($1), $2::int8", 0.03).await;
+}
+
+/// Runs `sql` (its parameters: `sleep`, an id) a few times on a pool of one
+/// pipelined connection, stops its backend, and sends it ten more times:
+/// each fails with `ConnectionLost` within `stall_timeout` and the budget,
+/// the connection is counted as stalled, and the next query runs on
+/// another backend.
+async fn stop_the_backend_under(name: &str, sql: &str, sleep: f64) {
+    let app = app(name);
     let registry = Registry::new();
     let pool = builder(&app)
         .max_size(1)
@@ -95,15 +115,24 @@ async fn a_stopped_backend_is_detected_and_abandoned() {
         .registry(&registry)
         .build()
         .unwrap();
-    // Prepared beforehand, so that the queries below are sent, not just
-    // their statement (a query whose statement never came back was never
-    // sent, and the pool would rightly run it on another connection).
+    // Run beforehand, so that the queries below are sent, not just their
+    // statement (a query whose statement never came back was never sent,
+    // and the pool would rightly run it on another connection); and
+    // learned, against the fastest statement's time.
     pool.query_one("SELECT $1::int8", &[&0i64]).await.unwrap();
+    for i in 0..3i64 {
+        pool.query_one(sql, &[&sleep, &i]).await.unwrap();
+    }
     let admin = admin().await;
     let pid = backend_pids(&admin, &app).await[0];
     let stopped = Stopped::stop(pid);
     let start = Instant::now();
-    let stuck = spawn_echoes(&pool, 0..10i64);
+    let stuck: Vec<_> = (0..10i64)
+        .map(|i| {
+            let (pool, sql) = (pool.clone(), sql.to_owned());
+            tokio::spawn(async move { pool.query_one(&sql, &[&sleep, &i]).await })
+        })
+        .collect();
     for query in stuck {
         let e = tokio::time::timeout(Duration::from_secs(5), query)
             .await

@@ -106,10 +106,11 @@ impl Batch<'_> {
                     }
                 };
                 // As many as fit within the connection's depth (at least one):
-                // the items of a round go out together, and never past the limit.
-                let room = depth.saturating_sub(place.ahead as usize).max(1);
-                let take = (pending.len() - next).min(room);
-                place.extend(take as u64 - 1);
+                // the items of a round go out together, and never past the
+                // limit. The room is claimed as it is now, not as it was at
+                // admission: queries admitted since count.
+                let wanted = (pending.len() - next).min(depth) as u64;
+                let take = 1 + place.extend_within(wanted - 1) as usize;
                 let indices = &pending[next..next + take];
                 let mut out = unanswered(take);
                 let conn = Arc::clone(&place.conn);

@@ -178,7 +178,11 @@ pub struct PoolConfig {
     /// [`ErrorKind::ConnectionLost`](crate::ErrorKind::ConnectionLost): a
     /// stalled network or a hung backend would otherwise hold every query
     /// on it. Exclusive connections are left alone (long reports belong
-    /// there). `None` turns the watchdog off.
+    /// there). Where the server stops the session's statements at the
+    /// [`head_of_line_budget`](Self::head_of_line_budget), silence past
+    /// the budget and this long is a stall whatever runs there; a session
+    /// under no budget of the pool's, running a statement the pool learned
+    /// is slow, is left to `query_timeout`. `None` turns the watchdog off.
     ///
     /// Default: 60 s.
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]

@@ -43,6 +43,16 @@ impl Place<'_> {
         self.conn.state().load.add(extra);
         self.places += extra;
     }
+
+    /// Takes up to `extra` more places on the same connection, as many as
+    /// its depth limit leaves room for at this moment (counting every
+    /// query admitted since this one); returns how many it took.
+    pub(crate) fn extend_within(&mut self, extra: u64) -> u64 {
+        let max_depth = self.router.max_depth();
+        let taken = self.conn.state().load.add_within(extra, max_depth);
+        self.places += taken;
+        taken
+    }
 }
 
 impl Drop for Place<'_> {

@@ -91,22 +91,30 @@ impl Router {
         };
         let limit = ticks(stall, tick);
         let now = self.wire.ticks();
-        // A query known to be slow (marked with `pool.slow()`, or learned)
-        // is a long query on a live backend, not a stall: its connection is
-        // left to `query_timeout`.
         let conns = self.conns.load();
         let running_slow = |state: &ConnState| {
             conns
                 .iter()
                 .any(|c| std::ptr::eq(c.state(), state) && c.slow_in_flight() > 0)
         };
+        // How long a connection may stay silent: the server answers every
+        // statement under the head-of-line budget by the budget (an error
+        // if it must stop it), so a session under one that says nothing
+        // for the budget and `stall_timeout` on top has stopped answering,
+        // whatever runs there. Only a session under no budget of the pool's
+        // may be running a long statement on a live backend: one the costs
+        // call slow (learned, a guess) is then left to `query_timeout`.
+        let silence = |state: &ConnState| match state.session.budget() {
+            Some(budget) => Some(limit.saturating_add(ticks(budget, tick))),
+            None => (!running_slow(state)).then_some(limit),
+        };
         // Shared connections, and retired or returned ones still owing
         // answers; never one checked out with `get()`.
         for state in self.wire.states() {
             let silent = now.saturating_sub(state.counts.last_progress_tick());
             let exclusive = state.life.is_exclusive();
-            let stalled = !exclusive && state.counts.depth() > 0 && silent >= limit;
-            if stalled && !state.load.is_dead() && !running_slow(&state) {
+            let owes = !exclusive && state.counts.depth() > 0 && !state.load.is_dead();
+            if owes && silence(&state).is_some_and(|limit| silent >= limit) {
                 crate::trace::pool_warn!(
                     "a shared connection owed answers and received nothing for stall_timeout: \
                      killed, its queries fail with ConnectionLost"

@@ -107,6 +107,21 @@ impl LoadWord {
         self.0.fetch_add(n, Ordering::AcqRel);
     }
 
+    /// Claims up to `n` more places, as many as `max_depth` leaves room for
+    /// now, in one read-modify-write; returns how many it took. (A count
+    /// read earlier and claimed later could let two batches each take the
+    /// room the other had already taken.)
+    pub(crate) fn add_within(&self, n: u64, max_depth: u64) -> u64 {
+        let mut taken = 0;
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |word| {
+                taken = n.min(max_depth.saturating_sub(word & IN_FLIGHT));
+                Some(word + taken)
+            });
+        taken
+    }
+
     /// Frees one place; returns how many were in flight before, or `None`
     /// when none was (a place given back twice). That never borrows from
     /// the flags: an unchecked subtraction would clear `SHARED` and count
@@ -159,6 +174,16 @@ mod tests {
         word.close();
         assert_eq!(word.admit(2), None, "closed");
         assert_eq!(word.in_flight(), 1);
+    }
+
+    #[test]
+    fn a_bounded_claim_takes_only_the_room_left() {
+        let word = LoadWord::default();
+        assert_eq!(word.admit(4), Some(0));
+        assert_eq!(word.admit(4), Some(1));
+        assert_eq!(word.add_within(3, 4), 2, "two places left of four");
+        assert_eq!(word.add_within(3, 4), 0, "full");
+        assert_eq!(word.in_flight(), 4);
     }
 
     #[test]
