@@ -83,6 +83,58 @@ mod load_word {
         });
     }
 
+    /// Two isolated batches of four admit at a depth of four, then claim
+    /// the rest of their round within the depth: together never more than
+    /// four in flight, each at least its first place.
+    #[test]
+    fn batches_claim_their_rounds_within_the_depth() {
+        loom::model(|| batches(|word, _| word.add_within(3, 4)));
+    }
+
+    /// The claim before: room read from the count at admission, then taken
+    /// past the depth. Two batches each take the room the other already
+    /// took (7 in flight at depth 4, seen in CI). Kept to show that the
+    /// model finds what the bounded claim refuses.
+    #[test]
+    #[should_panic(expected = "past the depth")]
+    fn the_old_claim_takes_the_same_room_twice() {
+        loom::model(|| {
+            batches(|word, before| {
+                let room = 4u64.saturating_sub(before).max(1);
+                let extra = 3u64.min(room - 1);
+                word.add(extra);
+                extra
+            })
+        });
+    }
+
+    /// Two batch rounds: each admitted once, then `claim(word, in flight
+    /// before it)` takes more places; the model checks the depth after
+    /// both claimed, and that everything given back balances.
+    fn batches(claim: fn(&LoadWord, u64) -> u64) {
+        let word = shared_word();
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let word = Arc::clone(&word);
+                loom::thread::spawn(move || match word.admit(4) {
+                    Some(before) => 1 + claim(&word, before),
+                    None => 0,
+                })
+            })
+            .collect();
+        let held: Vec<u64> = tasks.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(
+            word.in_flight() <= 4,
+            "past the depth: {}",
+            word.in_flight()
+        );
+        assert_eq!(word.in_flight(), held.iter().sum::<u64>());
+        for _ in 0..held.iter().sum::<u64>() {
+            assert!(word.release().is_some());
+        }
+        assert!(word.get().is_shared() && word.in_flight() == 0);
+    }
+
     /// The release before issue #45, an unchecked `fetch_sub`: one place
     /// given back twice at once borrows through the count into the flags.
     /// Kept to show that the model finds what the checked release refuses.
