@@ -139,6 +139,41 @@ async fn a_row_lock_wait_stalls_no_neighbour_and_the_write_runs_once() {
     drop_table(&table).await;
 }
 
+/// A tracked write (`execute_tracked`: the write and the position query,
+/// an isolated batch of two) that the budget stops runs again to its end,
+/// once, and its token is read after it: the caller sees no
+/// `statement_timeout` it never set (it did, under a busy CI machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tracked_write_stopped_at_the_budget_runs_again_once() {
+    let table = scratch_table("hol_tracked", "id int PRIMARY KEY, v int").await;
+    let registry = Registry::new();
+    let pool = pool("hol_tracked", &registry);
+    pool.execute(&format!("INSERT INTO {table} VALUES (1, 0)"), &[])
+        .await
+        .unwrap();
+    let holder = hold_row(&table).await;
+    let update = format!("UPDATE {table} SET v = v + 10 WHERE id = 1");
+    let write = {
+        let (pool, update) = (pool.clone(), update.clone());
+        tokio::spawn(async move { pool.execute_tracked(&update, &[]).await })
+    };
+    let watcher = admin().await;
+    until_evicted(&registry, 1.0).await;
+    until_waiting_on_lock(&watcher, &update).await;
+    assert!(!write.is_finished(), "the write waits for the row again");
+    holder.batch_execute("COMMIT").await.unwrap();
+    let (n, token) = write.await.unwrap().unwrap();
+    assert_eq!(n, 1);
+    assert_ne!(token, pgpipe::WriteToken::PRIMARY, "the position was read");
+    let v: i32 = pool
+        .query_one(&format!("SELECT v FROM {table} WHERE id = 1"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(v, 11, "the stopped run committed nothing; the second once");
+    drop_table(&table).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_stopped_once_never_shares_a_pipeline_again() {
     let registry = Registry::new();

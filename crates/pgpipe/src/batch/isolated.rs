@@ -129,7 +129,7 @@ impl Batch<'_> {
                 {
                     time_out(&mut out);
                 }
-                self.block_stopped(inner, indices, &out, under);
+                self.block_stopped(inner, indices, &mut out, under);
                 let lost = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.kind() == ErrorKind::ConnectionLost);
                 if out.iter().any(lost) {
                     router.retire(&conn);
@@ -166,19 +166,21 @@ impl Batch<'_> {
 
     /// Remembers the items of a round that the server stopped at the
     /// head-of-line budget. Each fails with its `57014` (nothing it did
-    /// committed): the items behind it ran, so running it again would
-    /// reorder the batch; the next batch with it runs on a connection of its
-    /// own.
+    /// committed), marked stopped: the items behind it ran, so running it
+    /// again here would reorder the batch; the next batch with it runs on a
+    /// connection of its own.
     fn block_stopped(
         &self,
         inner: &Lane,
         indices: &[usize],
-        out: &[Option<Result<Answer, Error>>],
+        out: &mut [Option<Result<Answer, Error>>],
         sent: Option<UnderBudget>,
     ) {
         for (i, result) in indices.iter().zip(out) {
             if let Some(Err(e)) = result {
                 if stopped_by_budget(e, sent) {
+                    let e = result.take().and_then(Result::err).expect("an error");
+                    *result = Some(Err(e.stopped()));
                     inner.router().costs().block(Costs::key(self.items[*i].sql));
                     if let Some(metrics) = inner.metrics() {
                         metrics.wire.evicted.inc();

@@ -143,6 +143,20 @@ impl Error {
         self
     }
 
+    /// Marks the error of a statement the server stopped at the pool's
+    /// head-of-line budget (an isolated batch's item): nothing it did
+    /// committed, and it may run again where nothing ran behind it.
+    pub(crate) fn stopped(mut self) -> Error {
+        self.0.stopped = true;
+        self
+    }
+
+    /// Whether the server stopped the statement at the pool's budget or at
+    /// a deadline it enforced: nothing it did committed.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.0.stopped
+    }
+
     /// Marks an error of a statement that ran (its answer was too large).
     pub(crate) fn ran(mut self) -> Error {
         self.0.ran = true;

@@ -5,8 +5,8 @@
 use tokio_postgres::types::ToSql;
 
 use super::Pool;
-use crate::answer::exactly_one;
-use crate::error::Error;
+use crate::answer::{Answer, exactly_one};
+use crate::error::{Error, ErrorKind};
 use crate::routed::Routed;
 use crate::target::{Consistency, WriteToken};
 
@@ -53,7 +53,11 @@ impl Pool {
     /// primary's WAL, for [`Consistency::AtLeast`]. The position is read on
     /// the same connection right behind the write, in the same round trip.
     /// If it cannot be read (the write succeeded all the same), the token
-    /// is [`WriteToken::PRIMARY`]: reads with it go to the primary.
+    /// is [`WriteToken::PRIMARY`]: reads with it go to the primary. A write
+    /// the server stopped at the
+    /// [`head_of_line_budget`](crate::PoolConfig::head_of_line_budget)
+    /// (nothing of it committed) runs again as `execute` runs one, on a
+    /// connection of its own, and the position is read after its answer.
     ///
     /// # Errors
     ///
@@ -70,13 +74,26 @@ impl Pool {
         let (Some(written), Some(token)) = (results.next(), results.next()) else {
             unreachable!("a batch answers every item");
         };
-        let written = written?.rows_affected();
+        let (written, token) = match written {
+            Ok(answer) => (answer.rows_affected(), token.map(Answer::into_rows)),
+            // The server stopped the write at the pool's head-of-line
+            // budget (a busy server, a lock wait): nothing of it committed,
+            // and only the position query ran behind it. It runs again as
+            // `execute` runs what the budget stopped (alone, to its end),
+            // and the position is read after its answer: the primary's
+            // insert position only grows, so it is past the write's commit.
+            Err(e) if e.kind() == ErrorKind::Db && e.is_stopped() => {
+                let written = self.execute(sql, params).await?;
+                (written, self.query(TOKEN_SQL, &[]).await)
+            }
+            Err(e) => return Err(e),
+        };
         // The write is done: whatever happens to the position query, report
         // it, with a token that sends its reads to the primary if the
         // position could not be read.
         let token = token
             .ok()
-            .and_then(|answer| exactly_one(answer.into_rows()).ok())
+            .and_then(|rows| exactly_one(rows).ok())
             .and_then(|row| {
                 let timeline = row.try_get::<_, i32>(0).ok()?;
                 let lsn = row.try_get::<_, i64>(1).ok()?;

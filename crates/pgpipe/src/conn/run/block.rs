@@ -67,10 +67,17 @@ pub(super) async fn send_in_block(
     let usable = || !target.is_dead() && !target.state.session.is_quarantined();
     let Some((head, (answer, commit))) = target.state.turns.send_together(make, usable).await
     else {
+        let why = target
+            .state
+            .session
+            .quarantine_reason()
+            .map_or("closed", |reason| reason.label());
         return Err(Error::new(
             ErrorKind::ConnectionLost,
-            "the shared connection closed or was quarantined before this query was sent; \
-             nothing ran",
+            format!(
+                "the shared connection was lost or quarantined ({why}) before this query was \
+                 sent; nothing ran"
+            ),
         )
         .unsent());
     };

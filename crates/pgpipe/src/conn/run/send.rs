@@ -38,13 +38,17 @@ pub(crate) async fn send(
         if target.is_dead() {
             return Err(Error::new(ErrorKind::ConnectionLost, "the connection closed").unsent());
         }
-        if target.state.session.is_quarantined() {
+        if let Some(reason) = target.state.session.quarantine_reason() {
             // Admitted before its connection was quarantined, and not yet
             // sent (it waited for a prepare, a batch window, a hand-off): it
             // goes elsewhere rather than out on a session known to be dirty.
             return Err(Error::new(
                 ErrorKind::ConnectionLost,
-                "the shared connection was quarantined before this query was sent; nothing ran",
+                format!(
+                    "the shared connection was quarantined ({}) before this query was sent; \
+                     nothing ran",
+                    reason.label()
+                ),
             )
             .unsent());
         }

@@ -86,7 +86,6 @@ impl Session {
     }
 
     /// Why it was quarantined, if it was.
-    #[cfg(test)]
     pub(crate) fn quarantine_reason(&self) -> Option<QuarantineReason> {
         match self.quarantined.load(Ordering::Acquire) {
             0 => None,
