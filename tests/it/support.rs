@@ -230,6 +230,45 @@ pub(crate) async fn idle_in_transaction(app: &str) -> i64 {
         .get(0)
 }
 
+/// Waits (up to 10 s) until a backend of `app` runs a statement containing
+/// `like`: what a fixed sleep would guess, asked of the server.
+pub(crate) async fn until_running(app: &str, like: &str) {
+    let admin = pgpipe_test_support::admin().await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let active: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+                 AND state = 'active' AND query LIKE $2",
+                &[&app, &format!("%{like}%")],
+            )
+            .await
+            .expect("pg_stat_activity answers")
+            .get(0);
+        if active > 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{like} never ran for {app}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Waits (up to 10 s) until `n` queries wait in the pool's queue.
+pub(crate) async fn until_waiting(pool: &Pool, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.status().waiting < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{n} never waited: {:?}",
+            pool.status()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// `SELECT $1::int8` for every id in `ids`, each in a task of its own, all
 /// in flight at once.
 pub(crate) fn spawn_echoes(

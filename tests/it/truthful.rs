@@ -7,7 +7,7 @@ use pgpipe::{ErrorKind, Executor, Pool};
 use pgpipe_test_support::{admin, database_url, unique};
 use prometheus::Registry;
 
-use crate::support::{Scrape, app, backend_pid, builder, create_role, drop_role};
+use crate::support::{Scrape, app, backend_pid, builder, create_role, drop_role, until_running};
 
 async fn table(ddl: &str) -> String {
     let name = unique("truth");
@@ -193,27 +193,7 @@ async fn a_wait_timeout_says_the_query_never_ran() {
     };
     // Until the server runs it: a fixed sleep guessed how long that takes,
     // and on a busy machine `SELECT 1` once went first.
-    let admin = pgpipe_test_support::admin().await;
-    let running = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let active: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
-                 AND state = 'active' AND query LIKE '%pg_sleep(3)%'",
-                &[&name],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if active > 0 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < running,
-            "the busy statement never ran"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_running(&name, "pg_sleep(3)").await;
     let e = pool.query("SELECT 1", &[]).await.unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Timeout, "{e}");
     assert!(!e.may_have_run());

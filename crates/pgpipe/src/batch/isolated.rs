@@ -138,7 +138,8 @@ impl Batch<'_> {
                 // may run on another connection without reordering anything.
                 let unsent = |r: &Option<Result<Answer, Error>>| matches!(r, Some(Err(e)) if e.is_unsent() && !e.is_skipped());
                 let sent = out.len() - out.iter().rev().take_while(|r| unsent(r)).count();
-                let done = if sent < take && retries.take_unsent() {
+                let quarantined = matches!(out.get(sent), Some(Some(Err(e))) if e.is_quarantined());
+                let done = if sent < take && retries.take_unsent(quarantined) {
                     sent
                 } else {
                     take

@@ -25,6 +25,7 @@ use crate::lane::retry::Retries;
 use crate::lane::settings;
 use crate::metrics::CloseReason;
 use crate::ordered::join_in_order;
+use crate::shared::SharedConn;
 use crate::shared::costs::Costs;
 
 /// How a unit's attempt ended, short of answers.
@@ -135,11 +136,13 @@ impl Batch<'_> {
             let (statements, answers) =
                 match run::within_deadline(settings.query_timeout, target, || unit, late).await {
                     Ok(Ok(sent)) => sent,
-                    Ok(Err(Stopped::Refused(_, e))) if e.is_unsent() && retries.take_unsent() => {
+                    Ok(Err(Stopped::Refused(_, e)))
+                        if e.is_unsent() && retries.take_unsent(e.is_quarantined()) =>
+                    {
                         continue; // its connection died first: nothing was sent
                     }
                     Ok(Err(Stopped::Refused(i, e))) => return Ok(Some(self.abort(i, e, false))),
-                    Ok(Err(Stopped::Unusable)) if retries.take_unsent() => {
+                    Ok(Err(Stopped::Unusable)) if retries.take_unsent(quarantined(&conn)) => {
                         continue; // nothing was sent: another connection
                     }
                     Ok(Err(Stopped::Unusable)) => {
@@ -206,4 +209,11 @@ impl Drop for KillOnPanic<'_> {
             self.0.kill(CloseReason::Broken);
         }
     }
+}
+
+/// Whether a shared connection found unusable for a unit was quarantined
+/// rather than lost (see `lane::retry`).
+fn quarantined(conn: &SharedConn) -> bool {
+    let state = conn.state();
+    state.session.is_quarantined() && !state.load.is_dead()
 }

@@ -88,14 +88,7 @@ impl Error {
             None if closed || error.is_closed() => ErrorKind::ConnectionLost,
             None => ErrorKind::Protocol,
         };
-        Error(Box::new(Inner {
-            kind,
-            message: None,
-            source: Some(Source::SharedPg(Arc::clone(error))),
-            unsent: false,
-            ran: false,
-            stopped: false,
-        }))
+        Inner::of(kind, None, Some(Source::SharedPg(Arc::clone(error))))
     }
 }
 

@@ -35,6 +35,23 @@ struct Inner {
     ran: bool,
     /// Past its deadline, the server stopped it: nothing it did committed.
     stopped: bool,
+    /// Refused unsent because its connection was quarantined (another
+    /// task's statement left state there): see [`Error::quarantined`].
+    quarantined: bool,
+}
+
+impl Inner {
+    fn of(kind: ErrorKind, message: Option<String>, source: Option<Source>) -> Error {
+        Error(Box::new(Inner {
+            kind,
+            message,
+            source,
+            unsent: false,
+            ran: false,
+            stopped: false,
+            quarantined: false,
+        }))
+    }
 }
 
 /// The cause, kept typed so that `as_db_error` works without downcasting
@@ -100,25 +117,11 @@ impl Error {
     }
 
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
-        Error(Box::new(Inner {
-            kind,
-            message: Some(message.into()),
-            source: None,
-            unsent: false,
-            ran: false,
-            stopped: false,
-        }))
+        Inner::of(kind, Some(message.into()), None)
     }
 
     fn with_pg(kind: ErrorKind, error: tokio_postgres::Error) -> Error {
-        Error(Box::new(Inner {
-            kind,
-            message: None,
-            source: Some(Source::Pg(error)),
-            unsent: false,
-            ran: false,
-            stopped: false,
-        }))
+        Inner::of(kind, None, Some(Source::Pg(error)))
     }
 
     pub(crate) fn with_source(
@@ -126,14 +129,11 @@ impl Error {
         message: impl Into<String>,
         source: impl Into<Box<dyn StdError + Send + Sync>>,
     ) -> Error {
-        Error(Box::new(Inner {
+        Inner::of(
             kind,
-            message: Some(message.into()),
-            source: Some(Source::Other(source.into())),
-            unsent: false,
-            ran: false,
-            stopped: false,
-        }))
+            Some(message.into()),
+            Some(Source::Other(source.into())),
+        )
     }
 
     /// Marks an error of a query that never left the client, so the pool
@@ -141,6 +141,27 @@ impl Error {
     pub(crate) fn unsent(mut self) -> Error {
         self.0.unsent = true;
         self
+    }
+
+    /// A query admitted to a shared connection that was quarantined
+    /// before the query went out (`reason`: the quarantine's label):
+    /// nothing ran, and it runs elsewhere (see `lane::retry`).
+    pub(crate) fn quarantined(reason: &str) -> Error {
+        let mut error = Error::new(
+            ErrorKind::ConnectionLost,
+            format!(
+                "the shared connection was quarantined ({reason}) before this query was sent; \
+                 nothing ran"
+            ),
+        )
+        .unsent();
+        error.0.quarantined = true;
+        error
+    }
+
+    /// Whether [`quarantined`](Error::quarantined) made it.
+    pub(crate) fn is_quarantined(&self) -> bool {
+        self.0.quarantined
     }
 
     /// Marks the error of a statement the server stopped at the pool's

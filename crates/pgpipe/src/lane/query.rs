@@ -229,7 +229,7 @@ async fn one(
                     }
                     // Never sent: run it on another connection. Once sent,
                     // never again.
-                    Err(e) if e.is_unsent() && retries.take_unsent() => {}
+                    Err(e) if e.is_unsent() && retries.take_unsent(e.is_quarantined()) => {}
                     // Stopped by the server at the head-of-line budget:
                     // nothing it did committed.
                     Err(e) if stopped_by_budget(&e, sent) => {

@@ -67,19 +67,14 @@ pub(super) async fn send_in_block(
     let usable = || !target.is_dead() && !target.state.session.is_quarantined();
     let Some((head, (answer, commit))) = target.state.turns.send_together(make, usable).await
     else {
-        let why = target
-            .state
-            .session
-            .quarantine_reason()
-            .map_or("closed", |reason| reason.label());
-        return Err(Error::new(
-            ErrorKind::ConnectionLost,
-            format!(
-                "the shared connection was lost or quarantined ({why}) before this query was \
-                 sent; nothing ran"
-            ),
-        )
-        .unsent());
+        return Err(match target.state.session.quarantine_reason() {
+            Some(reason) if !target.is_dead() => Error::quarantined(reason.label()),
+            _ => Error::new(
+                ErrorKind::ConnectionLost,
+                "the shared connection closed before this query was sent; nothing ran",
+            )
+            .unsent(),
+        });
     };
     let closed = target.client.is_closed();
     match (head, answer, commit) {

@@ -42,15 +42,7 @@ pub(crate) async fn send(
             // Admitted before its connection was quarantined, and not yet
             // sent (it waited for a prepare, a batch window, a hand-off): it
             // goes elsewhere rather than out on a session known to be dirty.
-            return Err(Error::new(
-                ErrorKind::ConnectionLost,
-                format!(
-                    "the shared connection was quarantined ({}) before this query was sent; \
-                     nothing ran",
-                    reason.label()
-                ),
-            )
-            .unsent());
+            return Err(Error::quarantined(reason.label()));
         }
     }
     let failed = |e: tokio_postgres::Error| Error::from_query(e, target.client.is_closed());

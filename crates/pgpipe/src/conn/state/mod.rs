@@ -26,6 +26,7 @@ pub(crate) mod life;
 pub(crate) mod load;
 pub(crate) mod session;
 mod settle;
+mod settlers;
 pub(crate) mod traits;
 
 use std::sync::Arc;
