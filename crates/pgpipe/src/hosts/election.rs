@@ -1,6 +1,7 @@
 //! The election: from what one round of checks found, which host is the
 //! primary, and which standbys are in rotation and vouch for what.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -160,6 +161,8 @@ impl Election {
             let standby = matches!(result, Ok(s) if s.recovery);
             let mut in_rotation = standby;
             if let Some(s) = result.as_ref().ok().filter(|s| s.recovery) {
+                // This check's view, published whole below.
+                let mut replay = **host.replay.load();
                 // A standby that just appeared (at start, back from down,
                 // promoted elsewhere, another server behind the same name)
                 // or that lived through a change of timeline vouches for no
@@ -167,7 +170,7 @@ impl Election {
                 let known = matches!(&self.servers[i], Some((server, true)) if *server == s.server);
                 if new_timeline || !known {
                     let floor = s.received.max(s.lsn) + 1;
-                    host.token_floor.store(floor, Ordering::Release);
+                    replay.token_floor = floor;
                     // Through a change of primary it must show it follows
                     // the new timeline before it serves any read (a restart
                     // proves nothing: only replaying past the floor does).
@@ -182,18 +185,17 @@ impl Election {
                 // where the pool's role may read it; else, after a change
                 // of primary, replaying past the floor (WAL received since)
                 // proves it follows.
-                let floor = host.token_floor.load(Ordering::Acquire);
-                if s.lsn >= floor {
+                if s.lsn >= replay.token_floor {
                     self.unproven[i] = false;
                 }
                 let off_timeline = match s.received_timeline {
                     0 => self.unproven[i],
                     timeline => primary_seen.is_some() && timeline != self.timeline,
                 };
-                host.received_timeline
-                    .store(s.received_timeline, Ordering::Release);
-                host.replay_lsn.store(s.lsn, Ordering::Release);
-                host.vouched_losses.store(losses[i], Ordering::Release);
+                replay.received_timeline = s.received_timeline;
+                replay.lsn = s.lsn;
+                replay.vouched_losses = losses[i];
+                host.replay.store(Arc::new(replay));
                 if let Some(lag) = primary_seen.and_then(|_| self.samples.lag(s.lsn, now)) {
                     if let Some(metrics) = metrics {
                         metrics.lag(&host.label, lag.seconds, lag.bytes);

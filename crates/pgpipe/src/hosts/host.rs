@@ -1,7 +1,9 @@
 //! One configured host: its lanes, and what the last check found of it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
 
 use crate::conn::HostSignal;
 use crate::lane::{Lane, LaneRecipe};
@@ -20,25 +22,34 @@ pub(crate) struct Host {
     pub(super) in_rotation: AtomicBool,
     /// Known to be a standby at the last check.
     pub(super) standby: AtomicBool,
-    /// Its replay position at the last check (standbys).
-    pub(super) replay_lsn: AtomicU64,
+    /// What the last check found of its replay (standbys), published
+    /// whole: a reader never pairs one check's position with another's
+    /// timeline or floor.
+    pub(super) replay: ArcSwap<Replay>,
+    /// What the last check found, for error messages.
+    pub(super) last_seen: std::sync::Mutex<String>,
+    /// What its connections tell the monitor; set when the hosts are made.
+    pub(super) signal: OnceLock<Arc<HostSignal>>,
+}
+
+/// One check's view of a standby's replay; see [`Host::replay`].
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Replay {
+    /// Its replay position.
+    pub(super) lsn: u64,
     /// A replay position it must pass before it serves a read-your-writes
     /// token: just past where it was when the primary's timeline changed.
     /// A standby still on the old timeline (one that was ahead of the
     /// promoted one, and so diverged) never moves, so its old position,
     /// however high, never vouches for a write on the new timeline.
-    pub(super) token_floor: AtomicU64,
+    pub(super) token_floor: u64,
     /// The timeline it receives WAL on, when the pool's role may read it
     /// (`pg_stat_wal_receiver.received_tli` needs `pg_read_all_stats`);
     /// 0 when unknown, and the floor above decides alone.
-    pub(super) received_timeline: AtomicU32,
-    /// What the last check found, for error messages.
-    pub(super) last_seen: std::sync::Mutex<String>,
-    /// What its connections tell the monitor; set when the hosts are made.
-    pub(super) signal: OnceLock<Arc<HostSignal>>,
-    /// [`HostSignal::losses`] when the last check that found it a standby
-    /// started: while the count is still this, that check vouches for it.
-    pub(super) vouched_losses: AtomicU64,
+    pub(super) received_timeline: u32,
+    /// [`HostSignal::losses`] when the check started: while the count is
+    /// still this, that check vouches for it.
+    pub(super) vouched_losses: u64,
 }
 
 impl Host {
@@ -50,12 +61,9 @@ impl Host {
             read_recipe: read,
             in_rotation: AtomicBool::new(false),
             standby: AtomicBool::new(false),
-            replay_lsn: AtomicU64::new(0),
-            token_floor: AtomicU64::new(0),
-            received_timeline: AtomicU32::new(0),
+            replay: ArcSwap::default(),
             last_seen: std::sync::Mutex::new("not checked yet".into()),
             signal: OnceLock::new(),
-            vouched_losses: AtomicU64::new(0),
         }
     }
 
@@ -69,17 +77,17 @@ impl Host {
     /// every connection to it first, so a loss leaves nothing the check
     /// found standing until the next one.
     pub(super) fn vouched(&self) -> bool {
-        self.signal().losses() == self.vouched_losses.load(Ordering::Acquire)
+        self.signal().losses() == self.replay.load().vouched_losses
     }
 
     /// Whether it is known to have replayed `token`: past its position, on
     /// its timeline when the standby's is known, else past the floor set
     /// when the primary's timeline changed or the standby appeared.
     pub(super) fn has_replayed(&self, token: WriteToken) -> bool {
-        let replayed = self.replay_lsn.load(Ordering::Acquire);
-        match self.received_timeline.load(Ordering::Acquire) {
-            0 => replayed >= token.lsn.max(self.token_floor.load(Ordering::Acquire)),
-            timeline => timeline == token.timeline && replayed >= token.lsn,
+        let replay = self.replay.load();
+        match replay.received_timeline {
+            0 => replay.lsn >= token.lsn.max(replay.token_floor),
+            timeline => timeline == token.timeline && replay.lsn >= token.lsn,
         }
     }
 
