@@ -180,8 +180,7 @@ impl Batch<'_> {
         for (i, result) in indices.iter().zip(out) {
             if let Some(Err(e)) = result {
                 if stopped_by_budget(e, sent) {
-                    let e = result.take().and_then(Result::err).expect("an error");
-                    *result = Some(Err(e.stopped()));
+                    e.mark_stopped();
                     inner.router().costs().block(Costs::key(self.items[*i].sql));
                     if let Some(metrics) = inner.metrics() {
                         metrics.wire.evicted.inc();

@@ -167,9 +167,8 @@ impl Error {
     /// Marks the error of a statement the server stopped at the pool's
     /// head-of-line budget (an isolated batch's item): nothing it did
     /// committed, and it may run again where nothing ran behind it.
-    pub(crate) fn stopped(mut self) -> Error {
+    pub(crate) fn mark_stopped(&mut self) {
         self.0.stopped = true;
-        self
     }
 
     /// Whether the server stopped the statement at the pool's budget or at

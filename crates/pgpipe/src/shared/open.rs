@@ -34,6 +34,16 @@ pub(super) struct OpenFailure {
 const REFUSE_AFTER: u32 = 2;
 
 impl OpenFailure {
+    /// The kind the queries refused for a failed open get: whatever ended
+    /// the attempt (a server's FATAL refusal reads as a lost connection),
+    /// they never reached a server.
+    fn kind_of(error: &Error) -> ErrorKind {
+        match error.kind() {
+            ErrorKind::ConnectionLost => ErrorKind::Connect,
+            kind => kind,
+        }
+    }
+
     /// The error a query gets while the back-off lasts.
     fn error(kind: ErrorKind, message: &str) -> Error {
         Error::new(
@@ -48,14 +58,6 @@ const BACKOFF_FIRST: Duration = Duration::from_millis(25);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 impl Router {
-    /// The error of the last failed open, while its back-off lasts.
-    pub(super) fn open_backoff(&self) -> Option<Error> {
-        let failure = lock(&self.failure);
-        let failure = failure.as_ref()?;
-        (Instant::now() < failure.retry_at)
-            .then(|| OpenFailure::error(failure.kind, &failure.message))
-    }
-
     /// The error a query without a shared connection gets at once: the last
     /// failed open's, while its back-off lasts, once opens failed
     /// [`REFUSE_AFTER`] times in a row.
@@ -101,13 +103,7 @@ impl Router {
                     retry_at: Instant::now() + backoff,
                     backoff,
                     failures,
-                    // Whatever ended the attempt (a server's FATAL refusal
-                    // reads as a lost connection), the queries that get it
-                    // never reached a server.
-                    kind: match error.kind() {
-                        ErrorKind::ConnectionLost => ErrorKind::Connect,
-                        kind => kind,
-                    },
+                    kind: OpenFailure::kind_of(error),
                     message: error.detail(),
                 })
             }
@@ -118,7 +114,7 @@ impl Router {
     /// Starts opening one more shared connection, unless that would exceed
     /// the limit or a recent open failed.
     pub(super) fn spawn_open(self: &Arc<Self>) {
-        if self.open_backoff().is_some() {
+        if self.backing_off() {
             return;
         }
         let live = self.conns.load().len();
@@ -192,7 +188,7 @@ impl Router {
                 // timeout. After one failure they wait for the next try,
                 // which the tick starts once the back-off ends.
                 if failures >= REFUSE_AFTER && self.conns.load().is_empty() {
-                    let (kind, message) = (error.kind(), error.detail());
+                    let (kind, message) = (OpenFailure::kind_of(&error), error.detail());
                     self.queue.fail_all(|| OpenFailure::error(kind, &message));
                 }
             }
